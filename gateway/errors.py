@@ -1,0 +1,128 @@
+"""The gateway's error tree, rendered as OpenAI's error JSON.
+
+Every failure a client can see is a :class:`GatewayError`; foreign exceptions are mapped
+into it at the seam where they occur (``raise ... from exc``), so the error handler in
+:mod:`gateway.app` never has to guess a status code.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+
+class GatewayError(Exception):
+    status: int = 500
+    type: str = "internal_error"
+    code: str | None = None
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        if code is not None:
+            self.code = code
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+    def json(self) -> bytes:
+        return orjson.dumps(self.body())
+
+
+class InvalidRequest(GatewayError):
+    status = 400
+    type = "invalid_request_error"
+
+
+class Unauthorized(GatewayError):
+    status = 401
+    type = "invalid_request_error"
+    code = "invalid_api_key"
+
+
+class Forbidden(GatewayError):
+    status = 403
+    type = "permission_error"
+    code = "permission_denied"
+
+
+class ModelNotFound(GatewayError):
+    status = 404
+    type = "invalid_request_error"
+    code = "model_not_found"
+
+
+class NotFound(GatewayError):
+    status = 404
+    type = "invalid_request_error"
+    code = "not_found"
+
+
+class PayloadTooLarge(GatewayError):
+    status = 413
+    type = "invalid_request_error"
+    code = "request_too_large"
+
+
+class RateLimited(GatewayError):
+    status = 429
+    type = "rate_limit_error"
+    code = "rate_limit_exceeded"
+
+
+class QuotaExceeded(GatewayError):
+    status = 429
+    type = "insufficient_quota"
+    code = "insufficient_quota"
+
+
+class BackendUnavailable(GatewayError):
+    """No healthy backend, or the chosen one refused the connection."""
+
+    status = 503
+    type = "service_unavailable"
+    code = "backend_unavailable"
+
+
+class BadGateway(GatewayError):
+    """The backend answered with something that is not a usable response."""
+
+    status = 502
+    type = "bad_gateway"
+    code = "bad_gateway"
+
+
+class GatewayTimeout(GatewayError):
+    status = 504
+    type = "timeout"
+    code = "backend_timeout"
+
+
+class UpstreamError(GatewayError):
+    """A backend's own error response, passed through with its status and body."""
+
+    def __init__(self, status: int, body: bytes, content_type: str = "application/json"):
+        super().__init__(f"backend returned {status}")
+        self.status = status
+        self.raw = body
+        self.content_type = content_type
+
+    def json(self) -> bytes:
+        return self.raw

@@ -1,0 +1,148 @@
+"""The typed record a call fills in, stage by stage.
+
+Each stage reads what earlier stages set and fills its own fields; nobody keeps a
+free-form dict. The field comments name the stage that sets each one.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any, Literal
+
+Endpoint = Literal["chat", "completions", "embeddings"]
+Decision = Literal["hit", "miss", "overflow", "affinity", "fallback", "none"]
+
+
+@dataclass(slots=True, frozen=True)
+class Principal:
+    """Who is calling: set by stages.auth."""
+
+    key_id: str | None
+    team: str | None
+    models: frozenset[str] | None = None
+    """Models the key may call; None means any."""
+    rpm: int | None = None
+    tpm: int | None = None
+    budget_usd: Decimal | None = None
+    team_rpm: int | None = None
+    team_tpm: int | None = None
+    team_budget_usd: Decimal | None = None
+
+    @property
+    def anonymous(self) -> bool:
+        return self.key_id is None
+
+
+ANONYMOUS = Principal(key_id=None, team=None)
+
+
+@dataclass(slots=True)
+class Request:
+    """A parsed client request: set by stages.parse."""
+
+    endpoint: Endpoint
+    model: str
+    body: dict[str, Any]
+    """The decoded JSON body; forwarded upstream with the few edits the gateway makes."""
+    stream: bool = False
+    include_usage: bool = False
+    """The client asked for the final usage chunk (stream_options.include_usage)."""
+    max_tokens: int | None = None
+    deterministic: bool = False
+    """temperature 0 (or absent seed-free greedy): safe to coalesce identical calls."""
+    session: str | None = None
+    """`user` field or x-session-id header: for session affinity."""
+
+
+@dataclass(slots=True)
+class PrefixKey:
+    """The prompt as the index sees it: set by stages.prefix."""
+
+    tokens: int
+    """Prompt length in the gateway's tokenizer."""
+    hashes: list[int]
+    """Chained hashes of each full block; hashes[i] names the prefix of (i+1) blocks."""
+    block_size: int
+
+
+@dataclass(slots=True)
+class Route:
+    """Where the call goes and why: set by stages.routing."""
+
+    backend: str
+    """Backend name."""
+    decision: Decision = "none"
+    predicted_cached_tokens: int = 0
+    """Gateway-token count the index expects the backend to hold."""
+    matched_blocks: int = 0
+
+
+@dataclass(slots=True)
+class Usage:
+    """Token counts as the backend reported them: set by stages.usage."""
+
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    cache_write_tokens: int = 0
+    estimated: bool = False
+    """True when counted by the gateway (no usage from the backend)."""
+
+
+@dataclass(slots=True)
+class Cost:
+    """Money for the call, exact: set by stages.metering."""
+
+    input: Decimal = Decimal(0)
+    cached_input: Decimal = Decimal(0)
+    cache_write: Decimal = Decimal(0)
+    output: Decimal = Decimal(0)
+    total: Decimal = Decimal(0)
+    without_cache: Decimal = Decimal(0)
+    price_id: int | None = None
+
+
+@dataclass(slots=True)
+class Call:
+    """One client call on its way through the gateway."""
+
+    id: str
+    """Request id: echoed as x-request-id and stored on the ledger row."""
+    path: str
+    headers: dict[str, str] = field(default_factory=dict)
+    received_at: float = field(default_factory=time.perf_counter)
+    received_wall: float = field(default_factory=time.time)
+    principal: Principal | None = None  # stages.auth
+    request: Request | None = None  # stages.parse
+    prefix: PrefixKey | None = None  # stages.prefix
+    route: Route | None = None  # stages.routing
+    dispatched_at: float | None = None  # stages.forward
+    first_byte_at: float | None = None  # stages.forward
+    done_at: float | None = None  # pipeline
+    status: int = 200
+    error_type: str | None = None
+    disconnected: bool = False
+    """The client went away before the answer was complete."""
+    served_by: Literal["upstream", "coalesced", "batched", "held"] = "upstream"
+    usage: Usage | None = None  # stages.usage
+    cost: Cost | None = None  # stages.metering
+    output_text: list[str] = field(default_factory=list)
+    """Text delivered so far; kept only to estimate tokens when usage never arrives."""
+
+    @property
+    def model(self) -> str | None:
+        return self.request.model if self.request else None
+
+    @property
+    def ttft(self) -> float | None:
+        if self.first_byte_at is None:
+            return None
+        return self.first_byte_at - self.received_at
+
+    @property
+    def latency(self) -> float | None:
+        if self.done_at is None:
+            return None
+        return self.done_at - self.received_at

@@ -1,0 +1,207 @@
+"""Typed, frozen settings: one section per concern, built once and passed in.
+
+Sources, lowest to highest precedence: defaults, the YAML file given with
+``--config``, then ``GATEWAY_*`` environment variables (nested with ``__``, e.g.
+``GATEWAY_REDIS__URL``). Nothing here is built at import time.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    YamlConfigSettingsSource,
+)
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ServerSettings(Section):
+    host: str = "127.0.0.1"
+    port: int = 8080
+    workers: int = 1
+    max_body_bytes: int = 8 * 1024 * 1024
+    """Requests with a larger body are refused with 413 before they are parsed."""
+    log_level: str = "info"
+    access_log: bool = True
+
+
+class UpstreamSettings(Section):
+    connect_timeout: float = 5.0
+    read_timeout: float = 600.0
+    """Longest silence tolerated from a backend before the call fails with 504."""
+    max_connections: int = 1000
+    health_interval: float = 2.0
+    health_timeout: float = 2.0
+    metrics_interval: float = 1.0
+    """How often each backend's /metrics is scraped for its queue and KV-cache load."""
+
+
+class BackendSettings(Section):
+    url: str
+    """Base URL of an OpenAI-compatible server, without /v1 (e.g. http://10.0.0.5:8000)."""
+    api_key: str | None = None
+    weight: float = 1.0
+    name: str | None = None
+    """Stable name used in metrics and the ledger; defaults to host:port."""
+
+
+class PriceSettings(Section):
+    """USD per million tokens. Exact decimals: never floats."""
+
+    input: Decimal = Decimal("0")
+    cached_input: Decimal = Decimal("0")
+    cache_write: Decimal = Decimal("0")
+    output: Decimal = Decimal("0")
+
+
+class ModelSettings(Section):
+    name: str
+    """The model name clients send."""
+    backends: list[BackendSettings]
+    upstream_model: str | None = None
+    """The name the backends know the model by, if different."""
+    encoding: str = "cl100k_base"
+    """tiktoken encoding used to hash prompt prefixes."""
+    price: PriceSettings = PriceSettings()
+
+
+class PrefixSettings(Section):
+    block_size: int = Field(16, ge=1)
+    max_blocks: int = Field(2048, ge=1)
+    """Prompts longer than block_size * max_blocks are hashed only up to that point."""
+
+
+class RoutingSettings(Section):
+    policy: Literal["cache_aware", "least_loaded", "round_robin"] = "cache_aware"
+    handle_ttl: float = 600.0
+    """Seconds a prefill-state handle lives without being renewed by a hit."""
+    min_match_blocks: int = 1
+    load_slack: int = 4
+    """A matched backend keeps the call while its load is within this many requests of the
+    least loaded one (plus a margin proportional to the cached share)."""
+    session_affinity: bool = True
+
+
+class RedisSettings(Section):
+    url: str | None = None
+    """None: the in-process index and limits (the embedded default)."""
+    key_prefix: str = "gw:"
+    timeout: float = 0.05
+
+
+class DatabaseSettings(Section):
+    url: str = "sqlite:///gateway.db"
+    """SQLAlchemy URL; postgresql://... in production, a SQLite file by default."""
+
+
+class LedgerSettings(Section):
+    enabled: bool = True
+    batch_size: int = 1000
+    flush_interval: float = 0.05
+    spool_dir: Path = Path("gateway-spool")
+
+
+class AuthSettings(Section):
+    enabled: bool | None = None
+    """None: on when a database other than the embedded SQLite file is configured."""
+    admin_key: str | None = None
+    pepper: str = ""
+    cache_ttl: float = 5.0
+
+
+class BatchingSettings(Section):
+    coalesce: bool = True
+    cold_prefix_hold: bool = True
+    hold_min_tokens: int = 256
+    hold_max_wait: float = 2.0
+    embeddings_window: float = 0.002
+    embeddings_max_batch: int = 64
+
+
+class SimSettings(Section):
+    """The built-in simulated backend started when no model is configured."""
+
+    model: str = "sim-model"
+    instances: int = 1
+    port: int = 0
+    """0: pick a free loopback port."""
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="GATEWAY_", env_nested_delimiter="__", frozen=True, extra="forbid"
+    )
+
+    server: ServerSettings = ServerSettings()
+    upstream: UpstreamSettings = UpstreamSettings()
+    models: list[ModelSettings] = []
+    prefix: PrefixSettings = PrefixSettings()
+    routing: RoutingSettings = RoutingSettings()
+    redis: RedisSettings = RedisSettings()
+    database: DatabaseSettings = DatabaseSettings()
+    ledger: LedgerSettings = LedgerSettings()
+    auth: AuthSettings = AuthSettings()
+    batching: BatchingSettings = BatchingSettings()
+    sim: SimSettings = SimSettings()
+    metrics_enabled: bool = True
+
+    @model_validator(mode="after")
+    def _unique_models(self) -> Settings:
+        names = [m.name for m in self.models]
+        dupes = {n for n in names if names.count(n) > 1}
+        if dupes:
+            raise ValueError(f"models configured twice: {sorted(dupes)}")
+        return self
+
+    @property
+    def embedded(self) -> bool:
+        """True when no backend is configured and the built-in simulator stands in."""
+        return not self.models
+
+    @property
+    def auth_enabled(self) -> bool:
+        if self.auth.enabled is not None:
+            return self.auth.enabled
+        return not self.database.url.startswith("sqlite")
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        yaml_file = init_settings.init_kwargs.pop("_config_file", None)  # type: ignore[attr-defined]
+        sources: list[PydanticBaseSettingsSource] = [env_settings, init_settings]
+        if yaml_file is not None:
+            sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=yaml_file))
+        return tuple(sources)
+
+
+def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Settings:
+    """Build settings from defaults, an optional YAML file, the environment and overrides.
+
+    Raises ``SettingsError`` with a readable message when the file or values are bad,
+    so that `gateway serve` fails fast before it opens anything.
+    """
+    if config_file is not None and not Path(config_file).is_file():
+        raise SettingsError(f"config file not found: {config_file}")
+    try:
+        return Settings(_config_file=config_file, **overrides)  # type: ignore[call-arg]
+    except ValueError as exc:
+        raise SettingsError(f"invalid settings: {exc}") from exc
+
+
+class SettingsError(Exception):
+    """Bad configuration: reported to the operator at start, never to a client."""
