@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,12 +25,17 @@ ROOT = Path(__file__).resolve().parent.parent
 __all__ = ["ROOT", "free_port", "gateway_process", "wait_http"]
 
 
-def wait_http(url: str, proc: subprocess.Popen[bytes] | None = None, timeout: float = 30) -> None:
+def wait_http(
+    url: str,
+    proc: subprocess.Popen[bytes] | None = None,
+    timeout: float = 30,
+    log: Path | None = None,
+) -> None:
     """Poll url until it answers 2xx; fail with the process's output if it dies or hangs."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
-            out = proc.stdout.read().decode(errors="replace") if proc.stdout else ""
+            out = log.read_text(errors="replace") if log else ""
             raise RuntimeError(f"server exited with {proc.returncode} before answering:\n{out}")
         with contextlib.suppress(httpx.HTTPError):
             if httpx.get(url, timeout=1).is_success:
@@ -54,12 +60,13 @@ def gateway_process(
     port = port or free_port()
     cmd = [sys.executable, "-m", "gateway", *args, "--port", str(port)]
     full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
-    proc = subprocess.Popen(
-        cmd, cwd=ROOT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
-    )
+    # Output goes to a file, not a pipe: a chatty server must never block on a full pipe.
+    log_file = tempfile.NamedTemporaryFile(prefix="gw-proc-", suffix=".log", delete=False)  # noqa: SIM115
+    log = Path(log_file.name)
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=log_file, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     try:
-        wait_http(base + health_path, proc, timeout)
+        wait_http(base + health_path, proc, timeout, log)
         yield base
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -68,5 +75,5 @@ def gateway_process(
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-        if proc.stdout:
-            proc.stdout.close()
+        log_file.close()
+        log.unlink(missing_ok=True)
