@@ -9,7 +9,7 @@ from __future__ import annotations
 import csv
 import io
 from dataclasses import dataclass, fields
-from datetime import datetime
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any, Literal, get_args
 
@@ -120,3 +120,9 @@ async def cost_report(
     for line in lines:
         totals.add(line)
     return Report(start, end, group_by, lines, totals)
+
+
+def parse_when(text: str) -> datetime:
+    """An ISO date or datetime; naive ones are UTC. Raises ValueError on anything else."""
+    when = datetime.fromisoformat(text)
+    return when if when.tzinfo else when.replace(tzinfo=UTC)

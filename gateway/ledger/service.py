@@ -104,6 +104,8 @@ class Ledger:
     ) -> PriceVersion:
         """Add a price version (from now unless later) and start using it at once here."""
         now = datetime.now(UTC)
+        if effective_from is not None and effective_from.tzinfo is None:
+            effective_from = effective_from.replace(tzinfo=UTC)
         start = max(effective_from or now, now)
         await store.add_price(self.engine, model, start, prices, "admin", now)
         await self.reload_prices()
