@@ -114,7 +114,7 @@ class Ledger:
         return version
 
     async def report(
-        self, start: datetime | None, end: datetime | None, group_by: GroupBy
+        self, start: datetime | None, end: datetime | None, group_by: tuple[GroupBy, ...]
     ) -> Report:
         return await cost_report(self.engine, start, end, group_by)
 

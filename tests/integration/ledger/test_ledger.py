@@ -140,20 +140,23 @@ async def test_mix_gives_exact_rows_and_report(
         (False, False, False, 200, None, "coalesced"),
     ]
 
-    report = (await cost_report(engine, None, None, "team")).to_json()
-    got = {line["group"]: line for line in [*report["rows"], report["totals"]]}
-    assert {g: {k: v for k, v in line.items() if k != "group"} for g, line in got.items()} == (
-        TEAM_REPORT
-    )
+    report = (await cost_report(engine, None, None, ("team",))).to_json()
+    got = {line.pop("team"): line for line in report["rows"]} | {"TOTAL": report["totals"]}
+    assert got == TEAM_REPORT
     async with engine.connect() as conn:
         assert (await conn.execute(select(func.sum(LedgerRow.cost_total)))).scalar_one() == (
             Decimal(TEAM_REPORT["TOTAL"]["cost_total"])
         )
-    by_model = (await cost_report(engine, None, None, "model")).to_json()
-    assert [(r["group"], r["cost_total"]) for r in by_model["rows"]] == [
+    by_model = (await cost_report(engine, None, None, ("model",))).to_json()
+    assert [(r["model"], r["cost_total"]) for r in by_model["rows"]] == [
         ("alpha", "0.0003924000"), ("beta", "0.0083940000"), ("gamma", "0.0000008641")
     ]  # fmt: skip
-    assert by_model["totals"] == report["totals"] | {"group": "TOTAL"}
+    assert by_model["totals"] == report["totals"]
+    by_team_model = (await cost_report(engine, None, None, ("team", "model"))).to_json()
+    assert [(r["team"], r["model"], r["requests"]) for r in by_team_model["rows"]] == [
+        ("team-a", "alpha", 2), ("team-a", "gamma", 1), ("team-b", "beta", 3)
+    ]  # fmt: skip
+    assert by_team_model["totals"] == report["totals"]
 
 
 async def test_price_change_never_reprices_the_past(
