@@ -19,13 +19,13 @@ from alembic.script import ScriptDirectory
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from gateway.ledger.db import make_engine
+from gateway.ledger.db import LedgerUnavailable, make_engine
 from gateway.settings import SettingsError, load_settings
 
 MIGRATIONS = Path(__file__).resolve().parents[2] / "migrations"
 
 
-class SchemaError(Exception):
+class SchemaError(LedgerUnavailable):
     """The database schema is missing or older than this gateway's migrations."""
 
 

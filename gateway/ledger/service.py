@@ -19,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.flow import Call
 from gateway.ledger import store
-from gateway.ledger.db import DB_ERRORS, make_engine, ping
+from gateway.ledger.db import DB_ERRORS, LedgerUnavailable, make_engine, ping, safe_url
 from gateway.ledger.metrics import LedgerMetrics
 from gateway.ledger.migrate import ensure_schema
 from gateway.ledger.prices import PriceBook, PriceVersion, config_changes
@@ -58,16 +58,10 @@ class Ledger:
     async def start(self) -> None:
         db = self._settings.database
         self._engine = make_engine(db.url, db.timeout)
-        auto = db.auto_migrate
-        if auto is None:
-            auto = self._engine.dialect.name == "sqlite"
-        await ensure_schema(self._engine, auto)
-        await self.reload_prices()
-        now = datetime.now(UTC)
-        for model, p in config_changes(self._book, self._settings.models, now):
-            prices = (p.input, p.cached_input, p.cache_write, p.output)
-            await store.add_price(self._engine, model, now, prices, "config", now)
-        await self.reload_prices()
+        try:
+            await self._open_database()
+        except DB_ERRORS as exc:
+            raise LedgerUnavailable(f"ledger database {safe_url(db.url)}: {exc}") from exc
         self._refresher = asyncio.create_task(self._refresh_prices(), name="ledger-prices")
         if self._settings.ledger.enabled:
             self._spool.open()
@@ -75,6 +69,18 @@ class Ledger:
                 self._engine, self._spool, self._settings.ledger, self._metrics, self._on_written
             )
             self._writer.start()
+
+    async def _open_database(self) -> None:
+        auto = self._settings.database.auto_migrate
+        if auto is None:
+            auto = self.engine.dialect.name == "sqlite"
+        await ensure_schema(self.engine, auto)
+        await self.reload_prices()
+        now = datetime.now(UTC)
+        for model, p in config_changes(self._book, self._settings.models, now):
+            prices = (p.input, p.cached_input, p.cache_write, p.output)
+            await store.add_price(self.engine, model, now, prices, "config", now)
+        await self.reload_prices()
 
     def record(self, call: Call) -> None:
         """Price the call (fills call.cost) and queue its ledger row. Never blocks or raises."""

@@ -13,11 +13,11 @@ from prometheus_client import CollectorRegistry
 from sqlalchemy.engine import Connection
 
 from gateway.ledger import Ledger
-from gateway.ledger.db import make_engine
+from gateway.ledger.db import LedgerUnavailable, make_engine
 from gateway.ledger.migrate import SchemaError, current_revision, head_revision, upgrade
 from gateway.ledger.models import Base
 from gateway.settings import load_settings
-from tests.servers import ROOT
+from tests.servers import ROOT, free_port
 
 
 def schema_diff(conn: Connection) -> list[object]:
@@ -48,6 +48,15 @@ async def test_start_refuses_an_unmigrated_postgres(pg_db_url: str, tmp_path: Pa
     settings = load_settings(database={"url": pg_db_url}, ledger={"spool_dir": str(tmp_path)})
     ledger = Ledger(settings, CollectorRegistry())
     with pytest.raises(SchemaError, match="run `gateway migrate`"):
+        await ledger.start()
+    await ledger.aclose()
+
+
+async def test_start_names_an_unreachable_database() -> None:
+    url = f"postgresql://gw:secret@127.0.0.1:{free_port()}/ledger"
+    settings = load_settings(database={"url": url, "timeout": 1.0})
+    ledger = Ledger(settings, CollectorRegistry())
+    with pytest.raises(LedgerUnavailable, match=r"ledger database postgresql://gw:\*\*\*@"):
         await ledger.start()
     await ledger.aclose()
 
