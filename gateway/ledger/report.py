@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any, Literal, cast, get_args
 
-from sqlalchemy import ColumnElement, func, select
+from sqlalchemy import ColumnElement, func, literal_column, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.ledger.models import LedgerRow
@@ -111,7 +111,9 @@ def parse_when(text: str) -> datetime:
 def _group_column(group_by: GroupBy, dialect: str) -> ColumnElement[Any]:
     if group_by == "day":
         if dialect == "postgresql":
-            return func.date(func.timezone("UTC", LedgerRow.ts))
+            # A literal, not a bind parameter: the migration's planner statistics are on
+            # exactly this expression.
+            return func.date(func.timezone(literal_column("'UTC'"), LedgerRow.ts))
         return func.date(LedgerRow.ts)
     return {
         "key": LedgerRow.key_id,

@@ -36,7 +36,7 @@ RETRY_MAX = 5.0
 """Backoff bounds between attempts to reach a database that failed."""
 
 OnWritten = Callable[[Sequence[Row]], None]
-"""Called with every batch the database committed (e.g. to keep budget spend current)."""
+"""Called with the rows each committed batch added (never a duplicate): e.g. budget spend."""
 
 
 class LedgerWriter:
@@ -137,7 +137,7 @@ class LedgerWriter:
     async def _write(self, rows: list[Row]) -> bool:
         """Insert one batch; False (and a longer backoff) if the database failed."""
         try:
-            await insert_rows(self._engine, rows)
+            new = await insert_rows(self._engine, rows)
         except DB_ERRORS as exc:
             self._metrics.write_failures.inc()
             if not self._retry:
@@ -146,10 +146,10 @@ class LedgerWriter:
             self._next_attempt = time.monotonic() + self._retry
             return False
         self._retry = 0.0
-        self._metrics.rows_written.inc(len(rows))
+        self._metrics.rows_written.inc(len(new))
         self._metrics.lag.set(max(time.time() - min(done_wall(r) for r in rows), 0.0))
-        if self._on_written is not None:
-            self._on_written(rows)
+        if self._on_written is not None and new:
+            self._on_written(new)
         return True
 
     async def _to_spool(self, rows: list[Row]) -> None:

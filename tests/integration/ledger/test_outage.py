@@ -93,6 +93,7 @@ async def test_outage_loses_and_doubles_nothing(
     assert gauge(registry, "gateway_ledger_queue_depth") == 0
     n = len(calls)
     assert await ledger_counts(private_pg.url) == (n, n, format(n * Decimal(CALL_COST), ".10f"))
+    assert gauge(registry, "gateway_ledger_rows_written_total") == n  # replays not counted twice
 
 
 async def test_rows_spooled_at_shutdown_are_replayed_at_next_start(
