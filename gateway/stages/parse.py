@@ -41,7 +41,7 @@ def parse(body: bytes, endpoint: Endpoint, session_header: str | None = None) ->
         model=model,
         body=data,
         stream=stream,
-        include_usage=stream and _include_usage(data),
+        include_usage=_include_usage(data) and stream,
         max_tokens=_max_tokens(data),
         deterministic=data.get("temperature") == 0 and data.get("n", 1) == 1,
         session=session_header or _str_or_none(data.get("user")),
