@@ -18,7 +18,8 @@ from gateway.services import Services
 router = APIRouter()
 
 
-def services(request: Request) -> Services:
+async def services(request: Request) -> Services:
+    """Async on purpose: FastAPI runs a plain function dependency in a thread pool."""
     return request.app.state.services  # type: ignore[no-any-return]
 
 
