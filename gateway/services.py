@@ -49,7 +49,8 @@ class Services:
 async def embedded_backend(settings: Settings) -> AsyncIterator[Settings]:
     """Start the built-in simulator on loopback and point one model at it."""
     from gateway.settings import BackendSettings, ModelSettings
-    from gateway.sim.server import SimConfig, start_simulator
+    from gateway.sim.config import SimConfig
+    from gateway.sim.server import start_simulator
 
     sim = settings.sim
     running = [
