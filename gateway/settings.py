@@ -101,6 +101,11 @@ class RedisSettings(Section):
 class DatabaseSettings(Section):
     url: str = "sqlite:///gateway.db"
     """SQLAlchemy URL; postgresql://... in production, a SQLite file by default."""
+    auto_migrate: bool | None = None
+    """Apply the migrations at start. None: only for SQLite; Postgres is migrated with
+    `gateway migrate`, and a gateway finding an outdated schema refuses to start."""
+    timeout: float = 5.0
+    """Seconds to connect or run one statement before the ledger treats the database as down."""
 
 
 class LedgerSettings(Section):
@@ -108,6 +113,9 @@ class LedgerSettings(Section):
     batch_size: int = 1000
     flush_interval: float = 0.05
     spool_dir: Path = Path("gateway-spool")
+    """Rows the database could not take wait here (append-only, fsync per batch)."""
+    price_refresh_interval: float = 30.0
+    """Seconds between reloads of the price table, so other replicas' admin changes arrive."""
 
 
 class AuthSettings(Section):
