@@ -1,0 +1,1 @@
+"""The prefix index: which backend holds which prompt prefix (prefill-state handles)."""
