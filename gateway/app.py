@@ -12,7 +12,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gateway.api import openai, ops
+from gateway.api import admin, openai, ops
 from gateway.errors import GatewayError, InvalidRequest, NotFound
 from gateway.services import Services
 from gateway.settings import Settings
@@ -36,6 +36,7 @@ def create_app(settings: Settings) -> FastAPI:
     )
     app.include_router(openai.router)
     app.include_router(ops.router)
+    app.include_router(admin.admin_router(settings))
     app.add_exception_handler(GatewayError, _gateway_error)
     app.add_exception_handler(HTTPException, _http_error)
     app.add_exception_handler(RequestValidationError, _validation_error)

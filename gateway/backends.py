@@ -19,6 +19,7 @@ import aiohttp
 from gateway.errors import BackendUnavailable, ModelNotFound
 from gateway.metrics import GatewayMetrics
 from gateway.settings import BackendSettings, ModelSettings, UpstreamSettings
+from gateway.stages.routing import Candidate
 
 log = logging.getLogger(__name__)
 
@@ -86,11 +87,16 @@ class BackendPool:
         except KeyError:
             raise ModelNotFound(f"The model `{name}` does not exist.", param="model") from None
 
-    def healthy(self, model: Model) -> list[Backend]:
-        backends = [b for b in model.backends if b.healthy]
-        if not backends:
+    def candidates(self, model: Model, exclude: set[str]) -> list[Candidate]:
+        """The model's backends as routing sees them, less those already tried."""
+        out = [
+            Candidate(b.name, b.healthy, b.in_flight, b.waiting, b.kv_usage, b.weight)
+            for b in model.backends
+            if b.name not in exclude
+        ]
+        if not any(c.healthy for c in out):
             raise BackendUnavailable(f"no healthy backend for model `{model.name}`")
-        return backends
+        return out
 
     async def start(self) -> None:
         """Probe every backend once, then keep probing in the background."""

@@ -1,6 +1,7 @@
 """The order of the stages: the one place that knows how a call goes through the gateway.
 
-parse -> route -> forward -> (stream relay | whole body) -> usage -> finish (metrics, log)
+parse -> prefix -> route (index + load) -> forward -> (stream relay | whole body)
+      -> usage -> finish: index update, ledger, metrics, access log
 """
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 import logging
 import time
 
+import aiohttp
 import orjson
 from starlette.responses import Response
 
@@ -29,6 +31,8 @@ async def handle(call: Call, body: bytes, endpoint: Endpoint, svc: Services) -> 
     try:
         call.request = parse.parse(body, endpoint, call.headers.get("x-session-id"))
         model = svc.backends.model(call.request.model)
+        if endpoint != "embeddings":
+            call.prefix = svc.prefix.key(call.request, model.encoding)
         payload = forward.upstream_body(call.request, model.upstream_name, body)
         backend, upstream = await dispatch(call, model, payload, svc)
         headers = {"x-request-id": call.id, **forward.passed_headers(upstream)}
@@ -47,34 +51,51 @@ async def handle(call: Call, body: bytes, endpoint: Endpoint, svc: Services) -> 
     return Response(raw, media_type="application/json", headers=headers)
 
 
-async def dispatch(call: Call, model: Model, payload: bytes, svc: Services):  # type: ignore[no-untyped-def]
-    """Choose a backend and send; a refused connection is retried once elsewhere."""
+async def dispatch(
+    call: Call, model: Model, payload: bytes, svc: Services
+) -> tuple[Backend, aiohttp.ClientResponse]:
+    """Route and send; a refused connection is retried once on another backend."""
     tried: set[str] = set()
     for attempt in range(MAX_ATTEMPTS):
-        backend = choose(model, svc, exclude=tried)
-        call.route = Route(backend=backend.name, decision="miss")
+        call.route = await route(call, model, svc, tried)
+        backend = svc.backends.backends[call.route.backend]
         call.dispatched_at = time.perf_counter()
         backend.in_flight += 1
         try:
-            return backend, await svc.upstream.send(call, backend, payload)
-        except Unreachable:
+            upstream = await svc.upstream.send(call, backend, payload)
+        except GatewayError as exc:
             backend.in_flight -= 1
             call.dispatched_at = None
+            if not isinstance(exc, Unreachable):
+                raise
             svc.backends.mark_unreachable(backend)
             tried.add(backend.name)
             if attempt + 1 == MAX_ATTEMPTS or len(tried) == len(model.backends):
                 raise
             svc.metrics.retries.labels(model.name).inc()
-        except GatewayError:
-            backend.in_flight -= 1
-            call.dispatched_at = None
-            raise
+            continue
+        remember(call, svc)
+        return backend, upstream
     raise AssertionError("unreachable")
 
 
-def choose(model: Model, svc: Services, exclude: set[str]) -> Backend:
-    candidates = [b for b in svc.backends.healthy(model) if b.name not in exclude]
-    return min(candidates or svc.backends.healthy(model), key=lambda b: b.in_flight)
+async def route(call: Call, model: Model, svc: Services, exclude: set[str]) -> Route:
+    """Ask the index who holds the prompt's prefix, then let the policy weigh it against load."""
+    assert call.request is not None
+    candidates = svc.backends.candidates(model, exclude)
+    key = call.prefix
+    if key is None:  # embeddings: no KV cache to aim for
+        least = min((c for c in candidates if c.healthy), key=lambda c: c.load)
+        return Route(backend=least.name)
+    matches = await svc.index.lookup(model.name, key.hashes) if key.hashes else {}
+    return svc.policy.choose(
+        model.name,
+        key,
+        matches,
+        candidates,
+        index_ok=svc.index.healthy,
+        session=call.request.session,
+    )
 
 
 def finish(call: Call, svc: Services, scanner: EventScanner | None = None) -> None:
@@ -83,8 +104,33 @@ def finish(call: Call, svc: Services, scanner: EventScanner | None = None) -> No
         call.done_at = time.perf_counter()
     if call.route is not None and call.dispatched_at is not None:
         svc.backends.backends[call.route.backend].in_flight -= 1
+        if call.usage is None:
+            call.usage = estimate_usage(call, scanner, svc)
+    svc.ledger.record(call)
     record_metrics(call, svc)
     log_access(call)
+
+
+def estimate_usage(call: Call, scanner: EventScanner | None, svc: Services) -> usage.Usage:
+    """Count tokens ourselves when the backend's usage never came (e.g. a disconnect)."""
+    assert call.request is not None
+    encoding = svc.backends.model(call.request.model).encoding
+    text = usage.delivered_text(scanner.delivered) if scanner else ""
+    return usage.Usage(
+        prompt_tokens=call.prefix.tokens if call.prefix else 0,
+        completion_tokens=svc.prefix.count_tokens(text, encoding) if text else 0,
+        estimated=True,
+    )
+
+
+def remember(call: Call, svc: Services) -> None:
+    """The backend accepted the prompt: from now on it holds (or is computing) its prefix.
+
+    Recorded at dispatch, not completion, so that concurrent calls sharing the prefix
+    follow it there; the feedback from reported cached tokens corrects what was wrong.
+    """
+    if call.prefix is not None and call.prefix.hashes and call.route and call.request:
+        svc.index.record(call.request.model, call.route.backend, call.prefix.hashes)
 
 
 def record_metrics(call: Call, svc: Services) -> None:
@@ -95,6 +141,8 @@ def record_metrics(call: Call, svc: Services) -> None:
     if req is None or call.route is None:
         return
     labels = (model, call.route.backend, endpoint, "true" if req.stream else "false")
+    if call.route.decision != "none":
+        m.routing.labels(model, call.route.decision).inc()
     if call.dispatched_at is not None:
         m.overhead.labels(endpoint).observe(call.dispatched_at - call.received_at)
     if call.latency is not None:
@@ -114,26 +162,32 @@ def record_metrics(call: Call, svc: Services) -> None:
     tokens.labels(model, call.route.backend, "prompt").inc(u.prompt_tokens)
     tokens.labels(model, call.route.backend, "cached").inc(u.cached_tokens)
     tokens.labels(model, call.route.backend, "completion").inc(u.completion_tokens)
+    if not u.estimated:
+        m.predicted_cached.labels(model).inc(call.route.predicted_cached_tokens)
+        m.reported_cached.labels(model).inc(u.cached_tokens)
 
 
 def log_access(call: Call) -> None:
     if not access_log.isEnabledFor(logging.INFO):
         return
-    u = call.usage
+    u, cost = call.usage, call.cost
     line = {
         "request_id": call.id,
         "key_id": call.principal.key_id if call.principal else None,
         "model": call.model,
         "endpoint": call.request.endpoint if call.request else None,
         "backend": call.route.backend if call.route else None,
+        "decision": call.route.decision if call.route else None,
         "status": call.status,
         "error": call.error_type,
         "stream": call.request.stream if call.request else None,
         "prompt_tokens": u.prompt_tokens if u else None,
         "cached_tokens": u.cached_tokens if u else None,
         "completion_tokens": u.completion_tokens if u else None,
+        "estimated": u.estimated if u else None,
         "ttft_ms": round(call.ttft * 1000, 2) if call.ttft is not None else None,
         "latency_ms": round(call.latency * 1000, 2) if call.latency is not None else None,
+        "cost_usd": str(cost.total) if cost else None,
         "disconnected": call.disconnected,
     }
     access_log.info(orjson.dumps(line).decode())

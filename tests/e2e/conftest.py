@@ -15,8 +15,16 @@ MODEL = "sim-model"
 
 
 def write_config(path: Path, backends: list[str], **sections: object) -> Path:
-    """A gateway YAML config serving MODEL from the given backend URLs."""
-    config = {"models": [{"name": MODEL, "backends": [{"url": u} for u in backends]}], **sections}
+    """A gateway YAML config serving MODEL from the given backend URLs.
+
+    The ledger (SQLite unless a section says otherwise) and its spool live beside it.
+    """
+    config = {
+        "models": [{"name": MODEL, "backends": [{"url": u} for u in backends]}],
+        "database": {"url": f"sqlite:///{path.parent / 'ledger.db'}"},
+        "ledger": {"spool_dir": str(path.parent / "spool")},
+        **sections,
+    }
     path.write_text(yaml.safe_dump(config))
     return path
 
