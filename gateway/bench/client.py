@@ -20,6 +20,9 @@ import orjson
 from gateway.bench.workloads import Turn
 
 INSTANCE_HEADER = "x-backend-instance"
+FAILURES = (aiohttp.ClientError, TimeoutError, ValueError, TypeError, AttributeError)
+"""Network failures, and chunks that are not JSON (ValueError) or not shaped like a
+chat chunk: each fails its own request, counted by class, and never the whole run."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +98,7 @@ async def stream_chat(
                 sample.error = f"HTTP {resp.status}"
                 return sample
             await _consume(resp.content, sample)
-    except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError) as exc:
+    except FAILURES as exc:
         sample.error = type(exc).__name__
     return sample
 

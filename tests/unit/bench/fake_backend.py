@@ -37,6 +37,8 @@ async def _chat(request: web.Request) -> web.StreamResponse:
     mode = request.match_info["mode"]
     if mode == "fail":
         return web.json_response({"error": {"message": "busy"}}, status=503)
+    if mode == "junk":
+        return web.Response(body=b'data: {"choices": "oops"}\n\n', content_type="text/event-stream")
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     if mode == "ok":
         resp.headers["x-backend-instance"] = "fake-1"
@@ -68,7 +70,7 @@ async def _models(request: web.Request) -> web.Response:
 
 @asynccontextmanager
 async def fake_backend() -> AsyncIterator[FakeBackend]:
-    """Serves /{ok,noheader,fail,cut}/v1/...; base_url points at /ok/v1."""
+    """Serves /{ok,noheader,fail,cut,junk}/v1/...; base_url points at /ok/v1."""
     fake = FakeBackend()
     app = web.Application()
     app[FAKE] = fake

@@ -53,19 +53,22 @@ async def test_missing_instance_header_is_unknown() -> None:
     assert sample.instance == "unknown"
 
 
-async def test_http_error_and_cut_stream_and_refused_connection() -> None:
+async def test_http_error_cut_or_malformed_stream_and_refused_connection() -> None:
     async with fake_backend() as fake:
         failing = fake.base_url.replace("/ok/", "/fail/")
         cut = fake.base_url.replace("/ok/", "/cut/")
+        junk = fake.base_url.replace("/ok/", "/junk/")
         async with session(Target(failing)) as s:
             err = await stream_chat(s, f"{failing}/chat/completions", BODY, TURN)
             truncated = await stream_chat(s, f"{cut}/chat/completions", BODY, TURN)
+            malformed = await stream_chat(s, f"{junk}/chat/completions", BODY, TURN)
         gone = fake.base_url
     async with session(Target(gone)) as s:
         refused = await stream_chat(s, f"{gone}/chat/completions", BODY, TURN)
     assert err.error == "HTTP 503"
     assert err.latency is None
     assert truncated.error == "IncompleteStream"
+    assert malformed.error == "AttributeError"
     assert refused.error == "ClientConnectorError"
 
 
