@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 import orjson
 
 from gateway.bench import runner
-from gateway.bench.client import Target
+from gateway.bench.client import Target, TargetUnavailable
 from gateway.bench.report import Report, ratios, render, render_ratios
 from gateway.bench.workloads import Mixed, MultiTurn, SharedPrefix, Tiny, Workload
 
@@ -174,13 +174,17 @@ def run(args: argparse.Namespace) -> int:
     headers = parse_headers(args.header)
     workload = workload_from_args(args)
     opts = options_from_args(args)
-    if args.bench_command == "run":
-        target = parse_target(args.base_url, args.api_key, headers)
-        target = replace(target, label=args.label)
-        reports = [_run_loop(runner.run(workload, target, opts))]
-    else:
-        targets = [parse_target(t, args.api_key, headers) for t in args.target]
-        reports = _run_loop(runner.compare(workload, targets, opts, isolate=args.isolate))
+    try:
+        if args.bench_command == "run":
+            target = parse_target(args.base_url, args.api_key, headers)
+            target = replace(target, label=args.label)
+            reports = [_run_loop(runner.run(workload, target, opts))]
+        else:
+            targets = [parse_target(t, args.api_key, headers) for t in args.target]
+            reports = _run_loop(runner.compare(workload, targets, opts, isolate=args.isolate))
+    except TargetUnavailable as exc:
+        print(f"gateway bench: {exc} (give --model to skip the lookup)", file=sys.stderr)
+        return 2
     _emit(reports, args.json, compared=args.bench_command == "compare")
     return 0 if all(r.ok for r in reports) else 1
 

@@ -74,11 +74,21 @@ def open_session(target: Target, connections: int, timeout: float) -> aiohttp.Cl
     )
 
 
-async def list_models(session: aiohttp.ClientSession, base_url: str) -> list[str]:
-    async with session.get(f"{base_url}/models") as resp:
-        resp.raise_for_status()
-        body = orjson.loads(await resp.read())
-    return [m["id"] for m in body.get("data", [])]
+class TargetUnavailable(Exception):
+    """The target could not say which model it serves: the run cannot start."""
+
+
+async def first_model(session: aiohttp.ClientSession, base_url: str) -> str:
+    """The first model id at base_url/models: the default when no model is given."""
+    try:
+        async with session.get(f"{base_url}/models") as resp:
+            resp.raise_for_status()
+            models = [str(m["id"]) for m in orjson.loads(await resp.read())["data"]]
+    except (*FAILURES, KeyError) as exc:
+        raise TargetUnavailable(f"cannot list models at {base_url}/models: {exc}") from exc
+    if not models:
+        raise TargetUnavailable(f"{base_url}/models lists no model")
+    return models[0]
 
 
 async def stream_chat(

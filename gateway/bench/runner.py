@@ -42,7 +42,7 @@ from typing import Any
 
 import aiohttp
 
-from gateway.bench.client import Sample, Target, list_models, open_session, stream_chat
+from gateway.bench.client import Sample, Target, first_model, open_session, stream_chat
 from gateway.bench.progress import Progress
 from gateway.bench.report import Report, RunInfo, summarize
 from gateway.bench.workloads import Tiny, Turn, Workload
@@ -191,7 +191,7 @@ async def compare(
             await stack.enter_async_context(open_session(t, connections, opts.timeout))
             for t in targets
         ]
-        model = opts.model or (await list_models(sessions[0], targets[0].base_url))[0]
+        model = opts.model or await first_model(sessions[0], targets[0].base_url)
         fleet = _Fleet(targets, sessions, model, opts)
         if opts.warmup:
             warm = fleet.lanes(Tiny(), ["warmup "] * len(targets), _ignore)

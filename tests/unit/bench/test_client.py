@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import aiohttp
+import pytest
 
-from gateway.bench.client import Target, list_models, open_session, stream_chat
+from gateway.bench.client import Target, TargetUnavailable, first_model, open_session, stream_chat
 from gateway.bench.workloads import Turn
 from tests.unit.bench.fake_backend import fake_backend
 
@@ -72,6 +73,8 @@ async def test_http_error_cut_or_malformed_stream_and_refused_connection() -> No
     assert refused.error == "ClientConnectorError"
 
 
-async def test_list_models() -> None:
+async def test_first_model_or_a_clear_error() -> None:
     async with fake_backend() as fake, session(Target(fake.base_url)) as s:
-        assert await list_models(s, fake.base_url) == ["fake-model"]
+        assert await first_model(s, fake.base_url) == "fake-model"
+        with pytest.raises(TargetUnavailable, match="cannot list models"):
+            await first_model(s, fake.base_url.replace("/v1", "/nowhere"))
