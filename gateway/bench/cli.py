@@ -6,7 +6,8 @@
         --target cache=http://127.0.0.1:8082/v1 --workload multi-turn --rate 4 --duration 30
 
 The subcommand is required (no implicit `run`), so a typo never silently benchmarks.
-Workload flags left out keep the workload's defaults (see gateway/bench/workloads.py).
+Without --requests or --duration a run sends one pass of its workload. Prompt lengths are
+in words, each one cl100k token, so they are close to token counts.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ T = TypeVar("T")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = __doc__
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
     sub = parser.add_subparsers(dest="bench_command", required=True, metavar="{run,compare}")
     run_p = sub.add_parser("run", help="one target")
     run_p.add_argument("--base-url", required=True, help="e.g. http://127.0.0.1:8000/v1")
@@ -47,7 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--no-isolate",
         dest="isolate",
         action="store_false",
-        help="don't tag prompts per target (targets share no backend)",
+        help="send identical prompts to every target (only safe when they share no backend)",
     )
     for p in (run_p, cmp_p):
         _add_load(p)
@@ -89,18 +92,44 @@ def _add_load(p: argparse.ArgumentParser) -> None:
 
 
 def _add_workload(p: argparse.ArgumentParser) -> None:
+    sp, mt, tiny = SharedPrefix(), MultiTurn(), Tiny()
     g = p.add_argument_group("workload (unset flags keep the workload's defaults)")
     g.add_argument("--workload", choices=WORKLOAD_NAMES, default="shared-prefix")
-    g.add_argument("--max-tokens", type=int, help="answer length for every workload")
-    g.add_argument("--groups", type=int, help="shared-prefix: system prompts")
-    g.add_argument("--prefix-words", type=int, help="shared-prefix: system prompt length")
-    g.add_argument("--questions", type=int, help="shared-prefix: questions per group")
-    g.add_argument("--question-words", type=int, help="shared-prefix: question length")
-    g.add_argument("--conversations", type=int, help="multi-turn: conversations per wave")
-    g.add_argument("--turns", type=int, help="multi-turn: turns per conversation")
-    g.add_argument("--system-words", type=int, help="multi-turn: shared system prompt length")
-    g.add_argument("--message-words", type=int, help="multi-turn: user message length")
-    g.add_argument("--prompt-words", type=int, help="tiny: prompt length")
+    g.add_argument(
+        "--max-tokens",
+        type=int,
+        help=f"answer length (default: shared-prefix "
+        f"{sp.max_tokens}, multi-turn {mt.max_tokens}, tiny {tiny.max_tokens})",
+    )
+    g.add_argument("--groups", type=int, help=f"shared-prefix: system prompts ({sp.groups})")
+    g.add_argument(
+        "--prefix-words", type=int, help=f"shared-prefix: system prompt length ({sp.prefix_words})"
+    )
+    g.add_argument(
+        "--questions",
+        type=int,
+        help=f"shared-prefix: questions per group per pass ({sp.questions})",
+    )
+    g.add_argument(
+        "--question-words", type=int, help=f"shared-prefix: question length ({sp.question_words})"
+    )
+    g.add_argument(
+        "--conversations", type=int, help=f"multi-turn: conversations per wave ({mt.conversations})"
+    )
+    g.add_argument(
+        "--turns",
+        type=int,
+        help=f"multi-turn: turns per conversation ({mt.turns_per_conversation})",
+    )
+    g.add_argument(
+        "--system-words",
+        type=int,
+        help=f"multi-turn: shared system prompt length ({mt.system_words})",
+    )
+    g.add_argument(
+        "--message-words", type=int, help=f"multi-turn: user message length ({mt.message_words})"
+    )
+    g.add_argument("--prompt-words", type=int, help=f"tiny: prompt length ({tiny.prompt_words})")
 
 
 def workload_from_args(args: argparse.Namespace) -> Workload:
