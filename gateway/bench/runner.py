@@ -118,7 +118,9 @@ class _Lane:
     on_done: Callable[[Sample], None]
     samples: list[Sample] = field(default_factory=list)
     histories: dict[str, list[dict[str, str]]] = field(default_factory=dict)
+    """Messages so far of each conversation still going."""
     tails: dict[str, asyncio.Event] = field(default_factory=dict)
+    """Set when a conversation's latest dispatched turn is done; its next turn waits on it."""
     sent: int = 0
     finished_at: float = 0.0
 
@@ -128,8 +130,10 @@ class _Lane:
             return None
         turn = next(self.turns)
         self.sent += 1
-        before = self.tails.get(turn.conversation) if turn.index else None
-        mine = self.tails[turn.conversation] = asyncio.Event()
+        before = self.tails.pop(turn.conversation, None) if turn.index else None
+        mine = asyncio.Event()
+        if not turn.last:
+            self.tails[turn.conversation] = mine
         return turn, before, mine
 
     async def execute(self, turn: Turn, before: asyncio.Event | None, mine: asyncio.Event) -> None:
@@ -142,10 +146,13 @@ class _Lane:
             headers = {"x-session-id": turn.conversation} if self.session_header else None
             url = f"{self.target.base_url}/chat/completions"
             sample = await stream_chat(self.session, url, body, turn, headers)
-            history += [
-                {"role": "user", "content": turn.user},
-                {"role": "assistant", "content": sample.answer},
-            ]
+            if turn.last:
+                del self.histories[turn.conversation]
+            else:
+                history += [
+                    {"role": "user", "content": turn.user},
+                    {"role": "assistant", "content": sample.answer},
+                ]
             self.samples.append(sample)
             self.finished_at = time.perf_counter()
             self.on_done(sample)

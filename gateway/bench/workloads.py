@@ -33,6 +33,8 @@ class Turn:
     """The conversation's system prompt; empty means no system message."""
     user: str
     max_tokens: int
+    last: bool = True
+    """No later turn follows: the runner can forget this conversation once it is answered."""
 
 
 class Workload(Protocol):
@@ -109,7 +111,9 @@ class MultiTurn:
             for index in range(self.turns_per_conversation):
                 for c in range(self.conversations):
                     message = text(rng, self.message_words)
-                    yield Turn(f"mt-w{wave}-c{c}", index, system, message, self.max_tokens)
+                    last = index == self.turns_per_conversation - 1
+                    conversation = f"mt-w{wave}-c{c}"
+                    yield Turn(conversation, index, system, message, self.max_tokens, last)
             wave += 1
 
 

@@ -57,7 +57,7 @@ def test_shared_prefix_groups_share_system_prompts_and_questions_are_distinct() 
     assert sorted(systems.values()) == [5, 5, 5]
     assert len({t.user for t in turns}) == len(turns)
     assert len({t.conversation for t in turns}) == len(turns)
-    assert all(t.index == 0 and t.max_tokens == w.max_tokens for t in turns)
+    assert all(t.index == 0 and t.last and t.max_tokens == w.max_tokens for t in turns)
     # shuffled: the groups interleave rather than arriving in blocks
     firsts = [t.system for t in turns[:5]]
     assert len(set(firsts)) > 1
@@ -83,6 +83,7 @@ def test_multi_turn_is_turn_major_within_a_wave_with_a_shared_system_prompt() ->
         by_conv.setdefault(t.conversation, []).append(t.index)
     assert len(by_conv) == 6
     assert all(indexes == [0, 1, 2, 3] for indexes in by_conv.values())
+    assert [t.last for t in first_wave] == [False] * 9 + [True] * 3
     assert turns[12].conversation == "mt-w1-c0"
 
 
