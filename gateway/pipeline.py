@@ -172,6 +172,7 @@ def log_access(call: Call) -> None:
         return
     u, cost = call.usage, call.cost
     line = {
+        "ts": round(call.received_wall, 3),
         "request_id": call.id,
         "key_id": call.principal.key_id if call.principal else None,
         "model": call.model,

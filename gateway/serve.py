@@ -7,8 +7,7 @@ import logging
 import os
 import sys
 
-from fastapi import FastAPI
-
+from gateway.api.openai import ProxyEndpoints
 from gateway.app import create_app
 from gateway.settings import Settings, SettingsError, load_settings
 
@@ -57,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def worker_app() -> FastAPI:
+def worker_app() -> ProxyEndpoints:
     settings = load_settings(os.environ.get(CONFIG_ENV) or None)
     configure_logging(settings)
     return create_app(settings)
@@ -69,5 +68,12 @@ def configure_logging(settings: Settings) -> None:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stdout,
     )
+    # Access lines are JSON with their own timestamp: a bare formatter keeps them cheap
+    # and machine-readable.
     access = logging.getLogger("gateway.access")
     access.setLevel(logging.INFO if settings.server.access_log else logging.WARNING)
+    access.propagate = False
+    if not access.handlers:
+        handler = logging.StreamHandler(sys.stdout)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        access.addHandler(handler)
