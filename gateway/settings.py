@@ -104,6 +104,8 @@ class RedisSettings(Section):
     """None: the in-process index and limits (the embedded default)."""
     key_prefix: str = "gw:"
     timeout: float = 0.05
+    cluster: bool = False
+    """The URL names a node of a Redis Cluster."""
     probe_interval: float = 1.0
     """While Redis is failing, how often the index probes it to recover."""
     queue_size: int = Field(10000, ge=1)

@@ -15,7 +15,7 @@ def open_index(settings: Settings) -> PrefixIndex:
     local = MemoryIndex(settings.routing, settings.prefix)
     if settings.redis.url is None:
         return local
-    from redis.asyncio import Redis
+    from redis.asyncio import Redis, RedisCluster
     from redis.asyncio.retry import Retry
     from redis.backoff import NoBackoff
 
@@ -24,7 +24,7 @@ def open_index(settings: Settings) -> PrefixIndex:
 
     # No client-side retries: the breaker decides when to try again, and a lookup must
     # fail within redis.timeout rather than after a retry schedule.
-    client = Redis.from_url(
+    client = (RedisCluster if settings.redis.cluster else Redis).from_url(
         settings.redis.url,
         socket_timeout=1.0,
         socket_connect_timeout=1.0,

@@ -26,8 +26,8 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from redis.asyncio import Redis
-from redis.exceptions import RedisError
+from redis.asyncio import Redis, RedisCluster
+from redis.exceptions import NoScriptError, RedisError
 
 from gateway.settings import PrefixSettings, RedisSettings, RoutingSettings
 
@@ -146,7 +146,7 @@ class RedisIndex:
 
     def __init__(
         self,
-        client: Redis,
+        client: Redis | RedisCluster,
         redis: RedisSettings,
         routing: RoutingSettings,
         prefix: PrefixSettings,
@@ -237,7 +237,7 @@ class RedisIndex:
             while len(ops) < BATCH and not self._queue.empty():
                 ops.append(self._queue.get_nowait())
             try:
-                await self._send(ops)
+                await self._send_loaded(ops)
                 self.healthy = True
             except REDIS_ERRORS as exc:
                 self.healthy = False
@@ -246,6 +246,16 @@ class RedisIndex:
             finally:
                 for _ in ops:
                     self._queue.task_done()
+
+    async def _send_loaded(self, ops: list[tuple[str, str, str, list[str]]]) -> None:
+        """Send, loading the scripts first if the server lost them (a restart, a new
+        cluster node); the plain client's pipeline does this itself, the cluster's not."""
+        try:
+            await self._send(ops)
+        except NoScriptError:
+            for script in (self._record, self._forget):
+                await self._client.script_load(script.script)
+            await self._send(ops)
 
     async def _send(self, ops: list[tuple[str, str, str, list[str]]]) -> None:
         async with self._client.pipeline(transaction=False) as pipe:

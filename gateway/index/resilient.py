@@ -21,6 +21,11 @@ from gateway.settings import RedisSettings
 
 log = logging.getLogger(__name__)
 
+TIMEOUTS_TO_OPEN = 3
+"""Consecutive lookup timeouts that open the breaker. One slow answer (or one stall of a
+busy event loop) should not switch routing to the local index; a refused or reset
+connection opens it at once."""
+
 
 class ResilientIndex:
     def __init__(self, shared: RedisIndex, local: MemoryIndex, settings: RedisSettings) -> None:
@@ -29,6 +34,7 @@ class ResilientIndex:
         self._timeout = settings.timeout
         self._probe_interval = settings.probe_interval
         self._open = False
+        self._timeouts = 0
         self._prober: asyncio.Task[None] | None = None
 
     @property
@@ -50,9 +56,16 @@ class ResilientIndex:
     async def lookup(self, model: str, hashes: Sequence[int]) -> dict[str, int]:
         if self.healthy:
             try:
-                return await asyncio.wait_for(self._shared.lookup(model, hashes), self._timeout)
+                found = await asyncio.wait_for(self._shared.lookup(model, hashes), self._timeout)
+            except TimeoutError as exc:
+                self._timeouts += 1
+                if self._timeouts >= TIMEOUTS_TO_OPEN:
+                    self._trip(exc)
             except REDIS_ERRORS as exc:
                 self._trip(exc)
+            else:
+                self._timeouts = 0
+                return found
         return await self._local.lookup(model, hashes)
 
     def record(self, model: str, backend: str, hashes: Sequence[int]) -> None:
@@ -80,6 +93,7 @@ class ResilientIndex:
         if not self._open:
             log.warning("prefix index: Redis failing (%r); routing on the local index", exc)
         self._open = True
+        self._timeouts = 0
 
     async def _probe_forever(self) -> None:
         """Close the breaker when Redis answers again; also open it when the flusher failed."""

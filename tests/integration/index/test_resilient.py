@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -46,6 +47,11 @@ class RedisProcess:
                 time.sleep(0.02)
             finally:
                 client.close()
+
+    def pause(self, paused: bool) -> None:
+        """Freeze the server (SIGSTOP), so that calls hang until it resumes (SIGCONT)."""
+        assert self._proc is not None
+        self._proc.send_signal(signal.SIGSTOP if paused else signal.SIGCONT)
 
     def kill(self) -> None:
         if self._proc is not None:
@@ -131,5 +137,26 @@ async def test_a_failing_flush_opens_the_breaker(server: RedisProcess) -> None:
         await index.flush()
         await eventually(lambda: not index.healthy)
         assert await index.lookup("m", A) == {"b0": 8}
+    finally:
+        await index.aclose()
+
+
+async def test_only_repeated_timeouts_open_the_breaker(server: RedisProcess) -> None:
+    index = open_index(settings(server.port))
+    await index.start()
+    try:
+        index.record("m", "b0", A)
+        await index.flush()
+        server.pause(True)
+        try:
+            for _ in range(2):
+                assert await index.lookup("m", A) == {"b0": 8}
+                assert index.healthy
+            assert await index.lookup("m", A) == {"b0": 8}
+            assert not index.healthy
+        finally:
+            server.pause(False)
+        await eventually(lambda: index.healthy)
+        assert await index.lookup("m", B) == {}
     finally:
         await index.aclose()
