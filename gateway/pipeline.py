@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+from datetime import UTC, datetime
 
 import aiohttp
 import orjson
@@ -24,6 +25,7 @@ access_log = logging.getLogger("gateway.access")
 
 MAX_ATTEMPTS = 2
 """A backend that refuses the connection costs one retry on another backend."""
+OVERHEAD_HEADER = "x-gateway-overhead-ms"
 
 
 async def handle(call: Call, body: bytes, endpoint: Endpoint, svc: Services) -> Response:
@@ -37,6 +39,7 @@ async def handle(call: Call, body: bytes, endpoint: Endpoint, svc: Services) -> 
         backend, upstream = await dispatch(call, model, payload, svc)
         headers = {"x-request-id": call.id, **forward.passed_headers(upstream)}
         if call.request.stream:
+            headers[OVERHEAD_HEADER] = milliseconds(overhead(call))
             scanner = EventScanner(call, strip_usage=not call.request.include_usage)
             return StreamRelay(call, upstream, scanner, lambda c, s: finish(c, svc, s), headers)
         raw = await forward.read_body(upstream, backend)
@@ -47,7 +50,7 @@ async def handle(call: Call, body: bytes, endpoint: Endpoint, svc: Services) -> 
         raise
     call.done_at = time.perf_counter()
     call.usage = usage.from_body(raw)
-    finish(call, svc)
+    headers[OVERHEAD_HEADER] = milliseconds(finish(call, svc))
     return Response(raw, media_type="application/json", headers=headers)
 
 
@@ -60,11 +63,11 @@ async def dispatch(
         call.route = await route(call, model, svc, tried)
         backend = svc.backends.backends[call.route.backend]
         call.dispatched_at = time.perf_counter()
-        backend.in_flight += 1
+        occupy(backend, svc, 1)
         try:
             upstream = await svc.upstream.send(call, backend, payload)
         except GatewayError as exc:
-            backend.in_flight -= 1
+            occupy(backend, svc, -1)
             call.dispatched_at = None
             if not isinstance(exc, Unreachable):
                 raise
@@ -98,17 +101,48 @@ async def route(call: Call, model: Model, svc: Services, exclude: set[str]) -> R
     )
 
 
-def finish(call: Call, svc: Services, scanner: EventScanner | None = None) -> None:
-    """Account for a finished call. Never raises: the client's answer is already decided."""
+def finish(call: Call, svc: Services, scanner: EventScanner | None = None) -> float | None:
+    """Account for a finished call; returns the gateway's overhead on it (seconds).
+
+    Never raises: the client's answer is already decided.
+    """
     if call.done_at is None:
         call.done_at = time.perf_counter()
     if call.route is not None and call.dispatched_at is not None:
-        svc.backends.backends[call.route.backend].in_flight -= 1
+        occupy(svc.backends.backends[call.route.backend], svc, -1)
         if call.usage is None:
             call.usage = estimate_usage(call, scanner, svc)
     svc.ledger.record(call)
-    record_metrics(call, svc)
-    log_access(call)
+    spent = overhead(call)
+    if svc.settings.metrics_enabled:
+        record_metrics(call, svc, spent)
+    log_access(call, spent)
+    return spent
+
+
+def occupy(backend: Backend, svc: Services, delta: int) -> None:
+    """Count a call into (1) or out of (-1) the backend's load and its in-flight gauge."""
+    backend.in_flight += delta
+    if svc.settings.metrics_enabled:
+        svc.metrics.in_flight.labels(backend.name).inc(delta)
+
+
+def overhead(call: Call) -> float | None:
+    """Seconds spent in the gateway itself rather than waiting on the backend.
+
+    The time before dispatch, and for a whole-body answer also the time from its arrival
+    until now. A stream's relay of each chunk is not counted: its header went out first.
+    """
+    if call.dispatched_at is None:
+        return None
+    spent = call.dispatched_at - call.received_at
+    if call.request is not None and not call.request.stream and call.done_at is not None:
+        spent += time.perf_counter() - call.done_at
+    return spent
+
+
+def milliseconds(seconds: float | None) -> str:
+    return f"{seconds * 1000:.3f}" if seconds is not None else ""
 
 
 def estimate_usage(call: Call, scanner: EventScanner | None, svc: Services) -> usage.Usage:
@@ -133,9 +167,10 @@ def remember(call: Call, svc: Services) -> None:
         svc.index.record(call.request.model, call.route.backend, call.prefix.hashes)
 
 
-def record_metrics(call: Call, svc: Services) -> None:
+def record_metrics(call: Call, svc: Services, spent: float | None) -> None:
     m, req = svc.metrics, call.request
-    model = req.model if req else ""
+    # Only configured names become label values: a client's made-up model must not.
+    model = req.model if req and req.model in svc.backends.models else ""
     endpoint = req.endpoint if req else ""
     m.requests.labels(model, endpoint, str(call.status), call.error_type or "").inc()
     if req is None or call.route is None:
@@ -143,8 +178,10 @@ def record_metrics(call: Call, svc: Services) -> None:
     labels = (model, call.route.backend, endpoint, "true" if req.stream else "false")
     if call.route.decision != "none":
         m.routing.labels(model, call.route.decision).inc()
-    if call.dispatched_at is not None:
-        m.overhead.labels(endpoint).observe(call.dispatched_at - call.received_at)
+    if call.served_by != "upstream":
+        m.batched.labels(model, endpoint, call.served_by).inc()
+    if spent is not None:
+        m.overhead.labels(*labels).observe(spent)
     if call.latency is not None:
         m.e2e.labels(*labels).observe(call.latency)
     if req.stream and call.ttft is not None:
@@ -167,14 +204,16 @@ def record_metrics(call: Call, svc: Services) -> None:
         m.reported_cached.labels(model).inc(u.cached_tokens)
 
 
-def log_access(call: Call) -> None:
+def log_access(call: Call, spent: float | None) -> None:
+    """One JSON line per call: the key's id, never the key; never the prompt."""
     if not access_log.isEnabledFor(logging.INFO):
         return
     u, cost = call.usage, call.cost
     line = {
-        "ts": round(call.received_wall, 3),
+        "ts": datetime.fromtimestamp(call.received_wall, UTC).isoformat(timespec="milliseconds"),
         "request_id": call.id,
         "key_id": call.principal.key_id if call.principal else None,
+        "team": call.principal.team if call.principal else None,
         "model": call.model,
         "endpoint": call.request.endpoint if call.request else None,
         "backend": call.route.backend if call.route else None,
@@ -188,7 +227,9 @@ def log_access(call: Call) -> None:
         "estimated": u.estimated if u else None,
         "ttft_ms": round(call.ttft * 1000, 2) if call.ttft is not None else None,
         "latency_ms": round(call.latency * 1000, 2) if call.latency is not None else None,
+        "overhead_ms": round(spent * 1000, 3) if spent is not None else None,
         "cost_usd": str(cost.total) if cost else None,
         "disconnected": call.disconnected,
+        "served_by": call.served_by,
     }
     access_log.info(orjson.dumps(line).decode())

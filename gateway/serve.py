@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shutil
 import sys
+import tempfile
 
 from gateway.api.openai import ProxyEndpoints
 from gateway.app import create_app
@@ -13,6 +15,8 @@ from gateway.settings import Settings, SettingsError, load_settings
 
 CONFIG_ENV = "GATEWAY_CONFIG_FILE"
 """How worker processes learn the config file the parent was given."""
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+"""Where prometheus_client keeps each worker's metric values (read at its import)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -49,8 +53,13 @@ def run(args: argparse.Namespace) -> int:
         os.environ[CONFIG_ENV] = args.config or ""
         os.environ["GATEWAY_SERVER__PORT"] = str(settings.server.port)
         os.environ["GATEWAY_SERVER__HOST"] = settings.server.host
-        uvicorn.run("gateway.serve:worker_app", factory=True, workers=settings.server.workers,
-                    **options)  # fmt: skip
+        # A fresh directory per run: files left by an earlier run would be counted again.
+        os.environ[MULTIPROC_ENV] = metrics_dir = tempfile.mkdtemp(prefix="gateway-metrics-")
+        try:
+            uvicorn.run("gateway.serve:worker_app", factory=True,
+                        workers=settings.server.workers, **options)  # fmt: skip
+        finally:
+            shutil.rmtree(metrics_dir, ignore_errors=True)
     else:
         uvicorn.run(create_app(settings), **options)
     return 0
@@ -68,12 +77,10 @@ def configure_logging(settings: Settings) -> None:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stdout,
     )
-    # Access lines are JSON with their own timestamp: a bare formatter keeps them cheap
-    # and machine-readable.
     access = logging.getLogger("gateway.access")
     access.setLevel(logging.INFO if settings.server.access_log else logging.WARNING)
+    # Access lines are JSON objects on their own, one per line, for log shippers.
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    access.handlers = [handler]
     access.propagate = False
-    if not access.handlers:
-        handler = logging.StreamHandler(sys.stdout)
-        handler.setFormatter(logging.Formatter("%(message)s"))
-        access.addHandler(handler)

@@ -175,6 +175,10 @@ class Settings(BaseSettings):
     batching: BatchingSettings = BatchingSettings()
     sim: SimSettings = SimSettings()
     metrics_enabled: bool = True
+    """Off: the request path records no metrics (ops gauges and the ledger's still do)."""
+    metrics_multiproc_dir: Path | None = Field(None, validation_alias="PROMETHEUS_MULTIPROC_DIR")
+    """Set (by `gateway serve --workers N`) when several worker processes share one port:
+    prometheus_client writes every worker's values there and /metrics merges them."""
 
     @model_validator(mode="after")
     def _unique_models(self) -> Settings:
