@@ -18,6 +18,7 @@ import orjson
 from fastapi import APIRouter, Depends, Header, Query, Response
 from pydantic import BaseModel, ConfigDict, Field
 
+from gateway.api.openai import ServicesDep
 from gateway.errors import Forbidden, InvalidRequest, Unauthorized
 from gateway.ledger import Ledger
 from gateway.ledger.prices import PriceVersion
@@ -54,11 +55,19 @@ class PriceIn(BaseModel):
     """Default (and earliest allowed): now. A future time schedules the change."""
 
 
-def admin_router(settings: Settings, ledger: Ledger) -> APIRouter:
+async def _ledger(svc: ServicesDep) -> Ledger:
+    return svc.ledger
+
+
+LedgerDep = Annotated[Ledger, Depends(_ledger)]
+
+
+def admin_router(settings: Settings) -> APIRouter:
     router = APIRouter(prefix="/admin", dependencies=[Depends(admin_guard(settings.auth))])
 
     @router.get("/reports/costs")
     async def cost_report(
+        ledger: LedgerDep,
         start: Annotated[str | None, Query(alias="from")] = None,
         end: Annotated[str | None, Query(alias="to")] = None,
         group_by: str = "team",
@@ -74,11 +83,11 @@ def admin_router(settings: Settings, ledger: Ledger) -> APIRouter:
         return _json(report.to_json())
 
     @router.get("/prices")
-    async def list_prices(model: str | None = None) -> Response:
+    async def list_prices(ledger: LedgerDep, model: str | None = None) -> Response:
         return _json({"data": [_price(v) for v in ledger.price_history(model)]})
 
     @router.post("/prices", status_code=201)
-    async def add_price(body: PriceIn) -> Response:
+    async def add_price(body: PriceIn, ledger: LedgerDep) -> Response:
         prices = (body.input, body.cached_input, body.cache_write, body.output)
         version = await ledger.set_price(body.model, prices, body.effective_from)
         return _json(_price(version), status=201)
