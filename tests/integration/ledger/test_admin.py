@@ -6,6 +6,7 @@ import asyncio
 import csv
 import io
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -14,6 +15,7 @@ from fastapi import FastAPI, Request, Response
 from prometheus_client import CollectorRegistry
 
 from gateway.api.admin import admin_router
+from gateway.api.openai import error_response
 from gateway.errors import GatewayError
 from gateway.flow import Usage
 from gateway.ledger import Ledger
@@ -24,16 +26,23 @@ ADMIN = {"Authorization": "Bearer sk-admin-test"}
 PRICES = {"alpha": {"input": "0.15", "cached_input": "0.075", "output": "0.60"}}
 
 
+@dataclass
+class LedgerServices:
+    """The one part of gateway.services.Services the admin routes use."""
+
+    ledger: Ledger
+
+
 def app_for(settings: Settings, ledger: Ledger) -> FastAPI:
-    # Stands in for gateway.app's single GatewayError handler until both are merged.
     app = FastAPI()
 
     async def gateway_error(_: Request, exc: Exception) -> Response:
         assert isinstance(exc, GatewayError)
-        return Response(exc.json(), exc.status, media_type="application/json")
+        return error_response(exc)
 
     app.add_exception_handler(GatewayError, gateway_error)
-    app.include_router(admin_router(settings, ledger))
+    app.include_router(admin_router(settings))
+    app.state.services = LedgerServices(ledger)
     return app
 
 
