@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 from pathlib import Path
@@ -73,3 +74,13 @@ async def test_sqlite_default_migrates_itself_at_start(tmp_path: Path) -> None:
         assert await current_revision(engine) == head_revision()
     finally:
         await engine.dispose()
+
+
+async def test_workers_starting_together_migrate_once(db_url: str) -> None:
+    engines = [make_engine(db_url) for _ in range(4)]
+    try:
+        revisions = await asyncio.gather(*(upgrade(e) for e in engines))
+    finally:
+        for engine in engines:
+            await engine.dispose()
+    assert revisions == [head_revision()] * 4
