@@ -88,7 +88,7 @@ class Ledger:
             price = self._book.at(call.model, call.received_wall)
             call.cost = cost = price_usage(call.usage, price)
             team = call.principal.team if call.principal else None
-            self._metrics.cost.labels(call.model or "", team or "").inc(float(cost.total))
+            self._metrics.add_cost(call.model or "", team or "", float(cost.total))
             if self._writer is not None:
                 self._writer.put(ledger_row(call, cost))
         except Exception:

@@ -8,6 +8,7 @@ conflict rule through a multi-row insert.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from datetime import datetime
 from decimal import Decimal
@@ -21,6 +22,8 @@ from gateway.ledger.models import ROW_COLUMNS, LedgerRow, Price, quantize
 from gateway.ledger.prices import PriceVersion
 from gateway.ledger.rows import Row
 
+_RECORD = operator.itemgetter(*ROW_COLUMNS)
+"""A row dict as the tuple COPY takes, in ROW_COLUMNS order."""
 _COLS = ", ".join(ROW_COLUMNS)
 _STAGE = (
     "CREATE TEMP TABLE IF NOT EXISTS ledger_stage ON COMMIT DELETE ROWS AS "
@@ -53,7 +56,7 @@ async def _copy_rows(conn: AsyncConnection, rows: Sequence[Row]) -> set[str]:
     raw = await conn.get_raw_connection()
     pg = raw.driver_connection
     assert pg is not None
-    records = [tuple(r[c] for c in ROW_COLUMNS) for r in rows]
+    records = list(map(_RECORD, rows))
     async with pg.transaction():
         await pg.execute(_STAGE)
         await pg.copy_records_to_table("ledger_stage", records=records, columns=ROW_COLUMNS)

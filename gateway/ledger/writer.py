@@ -65,8 +65,8 @@ class LedgerWriter:
         return len(self._queue)
 
     def put(self, row: Row) -> None:
+        """Queue a row (the depth gauge follows at the writer's next wake-up)."""
         self._queue.append(row)
-        self._metrics.queue_depth.set(len(self._queue))
         if len(self._queue) >= self._settings.batch_size:
             self._wake.set()
 
@@ -106,6 +106,7 @@ class LedgerWriter:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self._settings.flush_interval)
         self._wake.clear()
+        self._metrics.queue_depth.set(len(self._queue))
 
     async def _step(self) -> None:
         if self._spool.rows:
