@@ -6,9 +6,11 @@ database fails, the batch goes to the durable spool, and while the spool holds r
 new row queues behind them there, so rows reach the database in the order they were
 recorded; the spool is replayed chunk by chunk as soon as the database answers again.
 
-Crash bound: only rows still in memory are lost on a hard crash, i.e. those recorded in
-the last flush_interval (50 ms by default) plus the batch in flight, which waits at most
-database.timeout before it is spooled.
+Crash bound: a hard crash (kill -9, power loss) loses only rows not yet committed or
+fsync'd to the spool: those recorded since the writer last finished a step, i.e. the last
+flush_interval (50 ms by default) plus the duration of the batch write in flight (a few
+ms normally; at most database.timeout, 5 s by default, while a database hangs). A clean
+shutdown (aclose) loses nothing: the queue is written, or spooled if the database fails.
 """
 
 from __future__ import annotations
