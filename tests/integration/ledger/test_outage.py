@@ -77,9 +77,11 @@ async def test_outage_loses_and_doubles_nothing(
     await stopping
     await record_for(ledger, 0.5, calls)
     spooled_during_outage = gauge(registry, "gateway_ledger_spool_rows")
+    ready_during_outage = await ledger.ready()
     starting = asyncio.create_task(asyncio.to_thread(private_pg.start))
     await record_for(ledger, 1.0, calls)
     await starting
+    assert await ledger.ready()
     await record_for(ledger, 0.5, calls)
     for _ in range(300):  # the replay drains the spool within seconds
         if not gauge(registry, "gateway_ledger_spool_rows"):
@@ -88,6 +90,7 @@ async def test_outage_loses_and_doubles_nothing(
     await ledger.aclose()
 
     assert spooled_during_outage > 0
+    assert not ready_during_outage
     assert gauge(registry, "gateway_ledger_write_failures_total") > 0
     assert gauge(registry, "gateway_ledger_spool_rows") == 0
     assert gauge(registry, "gateway_ledger_queue_depth") == 0
