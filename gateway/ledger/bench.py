@@ -16,6 +16,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from datetime import datetime
 from pathlib import Path
 
 import asyncpg
@@ -166,18 +167,18 @@ async def report_speed(url: str, rows: int, days: int) -> None:
     finally:
         await conn.close()
     engine = make_engine(url, timeout=600)
-    cases: list[tuple[tuple[GroupBy, ...], str | None]] = [
-        (("team", "day"), None), (("team",), None), (("day",), None), (("team",), "2026-10"),
+    october = (parse_when("2026-10-01"), parse_when("2026-11-01"))
+    cases: list[tuple[tuple[GroupBy, ...], tuple[datetime, datetime] | None]] = [
+        (("team", "day"), None), (("team",), None), (("day",), None), (("team",), october),
     ]  # fmt: skip
     try:
-        for group_by, month in cases:
-            start = parse_when(f"{month}-01") if month else None
-            end = parse_when(f"{month}-31") if month else None
+        for group_by, window in cases:
+            start, end = window or (None, None)
             t0 = time.perf_counter()
             report = await cost_report(engine, start, end, group_by)
             elapsed = time.perf_counter() - t0
             say(f"report: group by {','.join(group_by)}"
-                f"{f' over {month} (1-30)' if month else ' over all rows'}: "
+                f"{' over October' if window else ' over all rows'}: "
                 f"{report.totals.requests:,} rows -> {len(report.lines):,} lines "
                 f"in {elapsed:.2f} s; total ${report.totals.cost_total}")  # fmt: skip
     finally:
