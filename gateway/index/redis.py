@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from redis.asyncio import Redis, RedisCluster
-from redis.exceptions import NoScriptError, RedisError
+from redis.exceptions import RedisError
 
 from gateway.settings import PrefixSettings, RedisSettings, RoutingSettings
 
@@ -36,6 +36,9 @@ log = logging.getLogger(__name__)
 REDIS_ERRORS = (RedisError, OSError, TimeoutError)
 BATCH = 256
 """Queued updates sent in one pipeline."""
+
+Update = tuple[str, str, str, list[str]]
+"""("record" | "forget", model, backend, hex block hashes)."""
 
 NOW = """
 local t = redis.call('TIME')
@@ -155,9 +158,7 @@ class RedisIndex:
         self._root = f"{redis.key_prefix}px:"
         self._ttl = int(routing.handle_ttl * 1_000_000)
         self._capacity = routing.backend_cache_tokens // prefix.block_size
-        self._queue: asyncio.Queue[tuple[str, str, str, list[str]]] = asyncio.Queue(
-            redis.queue_size
-        )
+        self._queue: asyncio.Queue[Update] = asyncio.Queue(redis.queue_size)
         self._lookup = client.register_script(LOOKUP)
         self._record = client.register_script(RECORD)
         self._forget = client.register_script(FORGET)
@@ -223,7 +224,7 @@ class RedisIndex:
     def _base(self, model: str) -> str:
         return f"{self._root}{{{model}}}:"
 
-    def _put(self, op: tuple[str, str, str, list[str]]) -> None:
+    def _put(self, op: Update) -> None:
         """Queue an update; a full queue sheds its oldest update rather than block a call."""
         if self._queue.full():
             self._queue.get_nowait()
@@ -237,42 +238,45 @@ class RedisIndex:
             while len(ops) < BATCH and not self._queue.empty():
                 ops.append(self._queue.get_nowait())
             try:
-                await self._send_loaded(ops)
+                await self._send(ops)
                 self.healthy = True
-            except REDIS_ERRORS as exc:
+            # Whatever goes wrong, the flusher lives on: a dead flusher would silently
+            # stop every later update.
+            except Exception as exc:  # noqa: BLE001
                 self.healthy = False
                 self.dropped += len(ops)
-                log.warning("prefix index: %d updates lost: %s", len(ops), exc)
+                log.warning("prefix index: %d updates lost: %r", len(ops), exc)
             finally:
                 for _ in ops:
                     self._queue.task_done()
 
-    async def _send_loaded(self, ops: list[tuple[str, str, str, list[str]]]) -> None:
-        """Send, loading the scripts first if the server lost them (a restart, a new
-        cluster node); the plain client's pipeline does this itself, the cluster's not."""
-        try:
-            await self._send(ops)
-        except NoScriptError:
-            for script in (self._record, self._forget):
-                await self._client.script_load(script.script)
-            await self._send(ops)
-
-    async def _send(self, ops: list[tuple[str, str, str, list[str]]]) -> None:
+    async def _send(self, ops: list[Update]) -> None:
+        """One pipeline to a single server. A cluster client cannot pipeline scripts, so
+        there each update is a call of its own."""
+        models = sorted({op[1] for op in ops if op[0] == "record"})
+        if isinstance(self._client, RedisCluster):
+            for op in ops:
+                await self._apply(op, self._client)
+            if models:
+                await self._client.sadd(self._root + "models", *models)
+            return
         async with self._client.pipeline(transaction=False) as pipe:
-            models = set()
-            for kind, model, backend, hashes in ops:
-                base = self._base(model)
-                lru = f"{base}lru:{backend}"
-                args: list[Any]
-                if kind == "record":
-                    models.add(model)
-                    args = [base, backend, self._ttl, self._capacity, *hashes]
-                    await self._record(keys=[lru, base + "backends"], args=args, client=pipe)
-                else:
-                    await self._forget(keys=[lru], args=[base, backend, *hashes], client=pipe)
+            for op in ops:
+                await self._apply(op, pipe)
             if models:
                 pipe.sadd(self._root + "models", *models)
             await pipe.execute()
+
+    async def _apply(self, op: Update, client: Any) -> None:
+        """Run (or, on a pipeline, queue) one update's script; a lost script is reloaded."""
+        kind, model, backend, hashes = op
+        base = self._base(model)
+        lru = f"{base}lru:{backend}"
+        if kind == "record":
+            args = [base, backend, self._ttl, self._capacity, *hashes]
+            await self._record(keys=[lru, base + "backends"], args=args, client=client)
+        else:
+            await self._forget(keys=[lru], args=[base, backend, *hashes], client=client)
 
 
 def hexa(h: int) -> str:
