@@ -37,7 +37,7 @@ PIECE_CHARS = 2048
 
 
 class PrefixHasher:
-    """Turns requests into PrefixKeys; built once, holds the encodings and a message cache."""
+    """Turns requests into PrefixKeys; built once, holds the encodings and the token cache."""
 
     def __init__(self, settings: PrefixSettings) -> None:
         self._block = settings.block_size
