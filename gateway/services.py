@@ -1,0 +1,71 @@
+"""Services: every client and background task a running gateway owns, opened and closed
+together by one AsyncExitStack in the app's lifespan."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry
+
+from gateway.backends import BackendPool
+from gateway.metrics import GatewayMetrics
+from gateway.settings import Settings
+from gateway.stages.forward import Upstream
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class Services:
+    settings: Settings
+    registry: CollectorRegistry
+    metrics: GatewayMetrics
+    backends: BackendPool
+    upstream: Upstream
+    started_at: float
+
+    @classmethod
+    @asynccontextmanager
+    async def open(cls, settings: Settings) -> AsyncIterator[Services]:
+        async with AsyncExitStack() as stack:
+            if settings.embedded:
+                settings = await stack.enter_async_context(embedded_backend(settings))
+            registry = CollectorRegistry(auto_describe=True)
+            metrics = GatewayMetrics(registry)
+            upstream = Upstream(settings.upstream)
+            await upstream.start()
+            stack.push_async_callback(upstream.aclose)
+            backends = BackendPool(settings.models, settings.upstream, metrics)
+            await backends.start()
+            stack.push_async_callback(backends.aclose)
+            yield cls(settings, registry, metrics, backends, upstream, time.time())
+
+
+@asynccontextmanager
+async def embedded_backend(settings: Settings) -> AsyncIterator[Settings]:
+    """Start the built-in simulator on loopback and point one model at it."""
+    from gateway.settings import BackendSettings, ModelSettings
+    from gateway.sim.server import SimConfig, start_simulator
+
+    sim = settings.sim
+    running = [
+        await start_simulator(SimConfig(model=sim.model), port=sim.port + i if sim.port else 0)
+        for i in range(sim.instances)
+    ]
+    try:
+        backends = [BackendSettings(url=r.url, name=r.name) for r in running]
+        log.warning(
+            "embedded mode: no models configured; serving `%s` from %d built-in simulated "
+            "backend(s) at %s (SQLite ledger at %s, in-process index)",
+            sim.model, len(running), ", ".join(r.url for r in running), settings.database.url,
+        )  # fmt: skip
+        yield settings.model_copy(
+            update={"models": [ModelSettings(name=sim.model, backends=backends)]}
+        )
+    finally:
+        for r in running:
+            await r.aclose()
