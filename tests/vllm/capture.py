@@ -36,6 +36,9 @@ KEY_METRICS = (
     "vllm:time_to_first_token_seconds_count",
 )
 GREEDY = {"temperature": 0, "max_tokens": 5}
+# Streams run longer, so a middle chunk always separates the first from the last even when
+# vLLM puts several tokens in one chunk.
+STREAMED = {"temperature": 0, "max_tokens": 12, "ignore_eos": True, "stream": True}
 
 PLAIN: dict[str, tuple[str, dict[str, Any]]] = {
     "chat": (
@@ -78,25 +81,26 @@ STREAMS: dict[str, tuple[str, dict[str, Any]]] = {
         {
             "model": "tiny",
             "messages": [{"role": "user", "content": "Hello"}],
-            "stream": True,
             "stream_options": {"include_usage": True},
-            **GREEDY,
+            **STREAMED,
         },
     ),
     "chat_stream": (
         "/v1/chat/completions",
-        {"model": "tiny", "messages": [{"role": "user", "content": "Hello"}], "stream": True}
-        | GREEDY,
+        {"model": "tiny", "messages": [{"role": "user", "content": "Hello"}], **STREAMED},
     ),
     "completion_stream_usage": (
         "/v1/completions",
         {
             "model": "tiny",
             "prompt": "def hello():",
-            "stream": True,
             "stream_options": {"include_usage": True},
-            **GREEDY,
+            **STREAMED,
         },
+    ),
+    "completion_stream": (
+        "/v1/completions",
+        {"model": "tiny", "prompt": "def hello():", **STREAMED},
     ),
 }
 
