@@ -110,8 +110,10 @@ def _generate_request(
 ) -> GenerateRequest:
     if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
         raise SimError(f"{param} must be at least 1, got {limit}.", param=param)
-    if body.get("n", 1) != 1:
+    if (body.get("n") or 1) != 1:
         raise SimError("the simulator only supports n=1", param="n")
+    if not prompt:
+        raise SimError("The decoder prompt cannot be empty", param="prompt")
     n, cap = len(prompt), config.max_model_len
     if n > cap or (limit is not None and n + limit > cap):
         raise SimError(
@@ -205,10 +207,14 @@ class Reply:
         return self._body("chat.completion.chunk", [choice])
 
     def usage_chunk(self, seq: Sequence) -> dict[str, Any]:
-        """The last chunk of a stream that asked for usage: no choices, only usage."""
-        return self._body(
-            "chat.completion.chunk" if self.chat else "text_completion", [], usage=usage(seq)
-        )
+        """The last chunk of a stream that asked for usage: no choices, only usage.
+
+        vLLM serializes this chunk without its null fields.
+        """
+        u = usage(seq)
+        details = u["prompt_tokens_details"]
+        u["prompt_tokens_details"] = {k: v for k, v in details.items() if v is not None}
+        return self._body("chat.completion.chunk" if self.chat else "text_completion", [], usage=u)
 
 
 def models(config: SimConfig, created: int) -> dict[str, Any]:
