@@ -156,7 +156,11 @@ class Connection(asyncio.Protocol):
     def _next(self) -> None:
         while self._queue and self.task is None and not self._closed:
             request = self._queue.popleft()
-            result = self._dispatch(request)
+            try:
+                result = self._dispatch(request)
+            except Exception:  # a server must answer, and log what broke
+                self._crashed(request)
+                return
             if isinstance(result, Response):
                 self.send(request, result)
             else:
@@ -165,9 +169,11 @@ class Connection(asyncio.Protocol):
     async def _finish(self, request: Request, pending: Awaitable[Response | None]) -> None:
         try:
             response = await pending
-        except Exception:
-            log.exception("handler failed for %s %s", request.method, request.path)
-            self._refuse(500)
+        except ConnectionError:  # the client left mid-stream: nothing to answer
+            self.transport.close()
+            return
+        except Exception:  # a server must answer, and log what broke
+            self._crashed(request)
             return
         if response is not None:
             self.send(request, response)
@@ -207,6 +213,10 @@ class Connection(asyncio.Protocol):
         if self._paused:
             self._drained = asyncio.get_running_loop().create_future()
             await self._drained
+
+    def _crashed(self, request: Request) -> None:
+        log.exception("handler failed for %s %s", request.method, request.path)
+        self._refuse(500)
 
     def _refuse(self, status: int) -> None:
         """Answer a request the server cannot handle (unless its answer began), hang up."""
