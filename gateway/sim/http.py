@@ -159,7 +159,8 @@ class Connection(asyncio.Protocol):
             try:
                 result = self._dispatch(request)
             except Exception:  # a server must answer, and log what broke
-                self._crashed(request)
+                log.exception("handler failed for %s %s", request.method, request.path)
+                self._refuse(500)
                 return
             if isinstance(result, Response):
                 self.send(request, result)
@@ -173,7 +174,8 @@ class Connection(asyncio.Protocol):
             self.transport.close()
             return
         except Exception:  # a server must answer, and log what broke
-            self._crashed(request)
+            log.exception("handler failed for %s %s", request.method, request.path)
+            self._refuse(500)
             return
         if response is not None:
             self.send(request, response)
@@ -213,10 +215,6 @@ class Connection(asyncio.Protocol):
         if self._paused:
             self._drained = asyncio.get_running_loop().create_future()
             await self._drained
-
-    def _crashed(self, request: Request) -> None:
-        log.exception("handler failed for %s %s", request.method, request.path)
-        self._refuse(500)
 
     def _refuse(self, status: int) -> None:
         """Answer a request the server cannot handle (unless its answer began), hang up."""
