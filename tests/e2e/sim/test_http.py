@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+from gateway.sim.http import Connection, Request, Response, Result
 from tests.e2e.sim.conftest import StartSim
 
 CHAT = b'{"model":"sim","messages":[{"role":"user","content":"hi"}],"max_tokens":2}'
@@ -114,3 +115,29 @@ async def test_a_streamed_answer_is_chunked_server_sent_events(start_sim: StartS
     lines = [e for e in events.split(b"\n\n") if e]
     assert lines[-1] == b"data: [DONE]"
     assert len(lines) == 1 + 2 + 1  # role, two tokens, [DONE]
+
+
+async def test_a_failing_handler_gets_a_500_and_the_connection_closes() -> None:
+    async def later(request: Request) -> Response:
+        raise RuntimeError("boom")
+
+    def dispatch(request: Request) -> Result:
+        if request.path == "/sync":
+            raise RuntimeError("boom")
+        return later(request)
+
+    loop = asyncio.get_running_loop()
+    live: set[Connection] = set()
+    server = await loop.create_server(lambda: Connection(dispatch, b"", live), "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        for path in (b"/sync", b"/async"):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"GET %b HTTP/1.1\r\nhost: x\r\n\r\n" % path)
+            status, _, _ = await asyncio.wait_for(read_response(reader), 5)
+            assert status.split()[1] == b"500"
+            assert await asyncio.wait_for(reader.read(), 5) == b""
+            writer.close()
+    finally:
+        server.close()
+        await server.wait_closed()
