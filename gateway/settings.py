@@ -115,6 +115,11 @@ class RedisSettings(Section):
 class DatabaseSettings(Section):
     url: str = "sqlite:///gateway.db"
     """SQLAlchemy URL; postgresql://... in production, a SQLite file by default."""
+    auto_migrate: bool | None = None
+    """Apply the migrations at start. None: only for SQLite; Postgres is migrated with
+    `gateway migrate`, and a gateway finding an outdated schema refuses to start."""
+    timeout: float = 5.0
+    """Seconds to connect or run one statement before the ledger treats the database as down."""
 
 
 class LedgerSettings(Section):
@@ -122,6 +127,9 @@ class LedgerSettings(Section):
     batch_size: int = 1000
     flush_interval: float = 0.05
     spool_dir: Path = Path("gateway-spool")
+    """Rows the database could not take wait here (append-only, fsync per batch)."""
+    price_refresh_interval: float = 30.0
+    """Seconds between reloads of the price table, so other replicas' admin changes arrive."""
 
 
 class AuthSettings(Section):
@@ -167,6 +175,10 @@ class Settings(BaseSettings):
     batching: BatchingSettings = BatchingSettings()
     sim: SimSettings = SimSettings()
     metrics_enabled: bool = True
+    """Off: the request path records no metrics (ops gauges and the ledger's still do)."""
+    metrics_multiproc_dir: Path | None = Field(None, validation_alias="PROMETHEUS_MULTIPROC_DIR")
+    """Set (by `gateway serve --workers N`) when several worker processes share one port:
+    prometheus_client writes every worker's values there and /metrics merges them."""
 
     @model_validator(mode="after")
     def _unique_models(self) -> Settings:

@@ -1,0 +1,70 @@
+"""create_app(settings): the FastAPI app, its lifespan (Services) and its one error mapping."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+
+from gateway.api import admin, openai, ops
+from gateway.api.openai import ProxyEndpoints, error_response
+from gateway.errors import GatewayError, InvalidRequest, NotFound
+from gateway.services import Services
+from gateway.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+def create_app(settings: Settings) -> ProxyEndpoints:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async with Services.open(settings) as services:
+            app.state.services = services
+            yield
+
+    app = FastAPI(
+        title="gateway",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+    )
+    app.include_router(openai.router)
+    app.include_router(ops.router)
+    app.include_router(admin.admin_router(settings))
+    app.add_exception_handler(GatewayError, _gateway_error)
+    app.add_exception_handler(HTTPException, _http_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(Exception, _unexpected_error)
+    return ProxyEndpoints(app)
+
+
+async def _gateway_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, GatewayError)
+    return error_response(exc)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    if exc.status_code == 404:
+        return error_response(NotFound(f"Unknown path: {request.url.path}"))
+    err = GatewayError(str(exc.detail))
+    err.status = exc.status_code
+    err.type = "invalid_request_error"
+    return error_response(err)
+
+
+async def _validation_error(request: Request, exc: Exception) -> Response:
+    return error_response(InvalidRequest(f"Invalid request: {exc}"))
+
+
+async def _unexpected_error(request: Request, exc: Exception) -> Response:
+    # Logged in full for the operator; the client gets no traceback.
+    log.exception("unexpected error on %s", request.url.path)
+    return error_response(GatewayError("The gateway failed to handle the request."))

@@ -1,0 +1,186 @@
+"""The backend registry: which backends serve which model, and how loaded and healthy each is.
+
+Load has two sources: calls in flight, counted here as the gateway dispatches them, and
+what each vLLM engine says of itself (`vllm:num_requests_waiting`,
+`vllm:kv_cache_usage_perc`), scraped from its /metrics every second or so. Health comes
+from periodic `GET /health` probes and from connection failures seen while forwarding.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+import aiohttp
+
+from gateway.errors import BackendUnavailable, ModelNotFound
+from gateway.metrics import GatewayMetrics
+from gateway.settings import BackendSettings, ModelSettings, UpstreamSettings
+from gateway.stages.routing import Candidate
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True, eq=False)
+class Backend:
+    name: str
+    url: str
+    """Base URL without /v1."""
+    api_key: str | None = None
+    weight: float = 1.0
+    healthy: bool = True
+    in_flight: int = 0
+    waiting: int = 0
+    """vLLM's own queue (`vllm:num_requests_waiting`), from the last scrape."""
+    running: int = 0
+    kv_usage: float = 0.0
+    """vLLM's `vllm:kv_cache_usage_perc` (0..1), from the last scrape."""
+
+    @classmethod
+    def from_settings(cls, cfg: BackendSettings) -> Backend:
+        url = cfg.url.rstrip("/").removesuffix("/v1")
+        return cls(name=cfg.name or urlsplit(url).netloc, url=url, api_key=cfg.api_key,
+                   weight=cfg.weight)  # fmt: skip
+
+
+@dataclass(slots=True)
+class Model:
+    name: str
+    upstream_name: str
+    encoding: str
+    backends: list[Backend] = field(default_factory=list)
+
+
+class BackendPool:
+    """Models and their backends; owns the health and load probing tasks."""
+
+    def __init__(
+        self,
+        models: list[ModelSettings],
+        upstream: UpstreamSettings,
+        metrics: GatewayMetrics,
+    ) -> None:
+        self._settings = upstream
+        self._metrics = metrics
+        self.backends: dict[str, Backend] = {}
+        self.models: dict[str, Model] = {}
+        for m in models:
+            model = Model(m.name, m.upstream_model or m.name, m.encoding)
+            for b in m.backends:
+                backend = Backend.from_settings(b)
+                # A backend serving several models is one backend: one load, one health.
+                backend = self.backends.setdefault(backend.name, backend)
+                model.backends.append(backend)
+            self.models[m.name] = model
+        for backend in self.backends.values():
+            metrics.in_flight.labels(backend.name).set(0)
+            metrics.healthy.labels(backend.name).set(int(backend.healthy))
+        self._tasks: list[asyncio.Task[None]] = []
+        self._session: aiohttp.ClientSession | None = None
+
+    def model(self, name: str) -> Model:
+        try:
+            return self.models[name]
+        except KeyError:
+            raise ModelNotFound(f"The model `{name}` does not exist.", param="model") from None
+
+    def candidates(self, model: Model, exclude: set[str]) -> list[Candidate]:
+        """The model's backends as routing sees them, less those already tried."""
+        out = [
+            Candidate(b.name, b.healthy, b.in_flight, b.waiting, b.kv_usage, b.weight)
+            for b in model.backends
+            if b.name not in exclude
+        ]
+        if not any(c.healthy for c in out):
+            raise BackendUnavailable(f"no healthy backend for model `{model.name}`")
+        return out
+
+    async def start(self) -> None:
+        """Probe every backend once, then keep probing in the background."""
+        timeout = aiohttp.ClientTimeout(total=self._settings.health_timeout)
+        self._session = aiohttp.ClientSession(timeout=timeout)
+        await self.check_health()
+        await self.scrape_load()
+        self._tasks = [
+            asyncio.create_task(self._every(self._settings.health_interval, self.check_health)),
+            asyncio.create_task(self._every(self._settings.metrics_interval, self.scrape_load)),
+        ]
+
+    async def aclose(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self._session is not None:
+            await self._session.close()
+
+    async def _every(self, interval: float, probe: object) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            await probe()  # type: ignore[operator]
+
+    async def check_health(self) -> None:
+        await asyncio.gather(*(self._check(b) for b in self.backends.values()))
+
+    async def _check(self, backend: Backend) -> None:
+        assert self._session is not None
+        try:
+            async with self._session.get(backend.url + "/health") as resp:
+                ok = resp.status == 200
+        except (aiohttp.ClientError, TimeoutError):
+            ok = False
+        if ok != backend.healthy:
+            log.warning("backend %s is now %s", backend.name, "healthy" if ok else "unhealthy")
+        backend.healthy = ok
+        self._metrics.healthy.labels(backend.name).set(int(ok))
+
+    def mark_unreachable(self, backend: Backend) -> None:
+        """A connection failure takes the backend out until the next good probe."""
+        if backend.healthy:
+            log.warning("backend %s unreachable: marked unhealthy", backend.name)
+        backend.healthy = False
+        self._metrics.healthy.labels(backend.name).set(0)
+
+    async def scrape_load(self) -> None:
+        await asyncio.gather(*(self._scrape(b) for b in self.backends.values() if b.healthy))
+
+    async def _scrape(self, backend: Backend) -> None:
+        assert self._session is not None
+        try:
+            async with self._session.get(backend.url + "/metrics") as resp:
+                if resp.status != 200:
+                    return
+                text = await resp.text()
+        except (aiohttp.ClientError, TimeoutError):
+            return
+        load = parse_engine_load(text)
+        backend.waiting = int(load.get("vllm:num_requests_waiting", 0))
+        backend.running = int(load.get("vllm:num_requests_running", 0))
+        backend.kv_usage = load.get("vllm:kv_cache_usage_perc", 0.0)
+
+
+ENGINE_GAUGES = ("vllm:num_requests_waiting", "vllm:num_requests_running",
+                 "vllm:kv_cache_usage_perc")  # fmt: skip
+
+
+def parse_engine_load(text: str) -> dict[str, float]:
+    """Sum vLLM's load gauges over all engines from Prometheus text.
+
+    A line scan rather than the full text parser: vLLM's /metrics is large and scraped
+    every second per backend, and these three gauges are all routing needs.
+    """
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line.startswith(ENGINE_GAUGES):
+            continue
+        name, _, rest = line.partition("{") if "{" in line else line.partition(" ")
+        value = rest.rsplit(" ", 1)[-1]
+        if name not in ENGINE_GAUGES:
+            continue
+        with contextlib.suppress(ValueError):
+            out[name] = out.get(name, 0.0) + float(value)
+    return out

@@ -1,0 +1,171 @@
+"""The gateway's Prometheus metrics, defined on an injected registry.
+
+Names follow Prometheus conventions (base units, ``_total`` only on counters); labels are
+low-cardinality (model, backend, endpoint, status, decision), never a key or a prompt.
+Where vLLM exports the same histogram, the buckets are vLLM's, so gateway and engine
+panels line up in Grafana.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
+
+# vLLM's bucket boundaries (vllm/v1/metrics/loggers.py), so the panels line up.
+TTFT_BUCKETS = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
+    2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+)  # fmt: skip
+TPOT_BUCKETS = (
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0,
+    2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+)  # fmt: skip
+E2E_BUCKETS = (
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
+    120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0,
+)  # fmt: skip
+OVERHEAD_BUCKETS = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
+)  # fmt: skip
+CONNECT_BUCKETS = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+    1.0, 2.5, 5.0,
+)  # fmt: skip
+
+
+class GatewayMetrics:
+    """Every metric the gateway records, created once per app on its registry.
+
+    Gauges name a ``multiprocess_mode`` for `gateway serve --workers N`, where each worker
+    writes its own values and a scrape merges them: in-flight counts add up, a backend
+    counts as healthy only if every worker sees it so, and the index size is the last
+    one measured. Nothing uses ``set_function``, whose callback no other process can see.
+    """
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        call = ["model", "backend", "endpoint", "stream"]
+        self.requests = Counter(
+            "gateway_requests_total",
+            "Calls finished, by outcome.",
+            ["model", "endpoint", "status", "error_type"],
+            registry=registry,
+        )
+        self.ttft = Histogram(
+            "gateway_time_to_first_token_seconds",
+            "Time from receiving the call to the first byte of the backend's answer.",
+            call,
+            buckets=TTFT_BUCKETS,
+            registry=registry,
+        )
+        self.tpot = Histogram(
+            "gateway_time_per_output_token_seconds",
+            "Mean time between output tokens of a streamed call (after the first).",
+            call,
+            buckets=TPOT_BUCKETS,
+            registry=registry,
+        )
+        self.e2e = Histogram(
+            "gateway_request_duration_seconds",
+            "Time from receiving the call to its last byte.",
+            call,
+            buckets=E2E_BUCKETS,
+            registry=registry,
+        )
+        self.overhead = Histogram(
+            "gateway_overhead_seconds",
+            "Time spent in the gateway itself: before dispatch, plus after the whole body "
+            "arrived for a non-streamed call (also sent as x-gateway-overhead-ms).",
+            call,
+            buckets=OVERHEAD_BUCKETS,
+            registry=registry,
+        )
+        self.connect = Histogram(
+            "gateway_upstream_connect_seconds",
+            "Time to open a new connection to a backend (reused connections are not counted).",
+            ["backend"],
+            buckets=CONNECT_BUCKETS,
+            registry=registry,
+        )
+        self.tokens = Counter(
+            "gateway_tokens_total",
+            "Tokens by kind: prompt (all input), cached (input served from KV cache), completion.",
+            ["model", "backend", "kind"],
+            registry=registry,
+        )
+        self.routing = Counter(
+            "gateway_routing_decisions_total",
+            "Routing outcomes: hit, miss, overflow, affinity, fallback.",
+            ["model", "decision"],
+            registry=registry,
+        )
+        self.predicted_cached = Counter(
+            "gateway_predicted_cached_tokens_total",
+            "Prompt tokens the index predicted the chosen backend holds (gateway tokens).",
+            ["model"],
+            registry=registry,
+        )
+        self.reported_cached = Counter(
+            "gateway_reported_cached_tokens_total",
+            "Cached prompt tokens the backends reported (backend tokens).",
+            ["model"],
+            registry=registry,
+        )
+        self.prediction = Counter(
+            "gateway_cache_predictions_total",
+            "Calls by how the index's predicted cached share of the prompt compared with the "
+            "backend's reported share: accurate (within 0.1), over, under.",
+            ["model", "outcome"],
+            registry=registry,
+        )
+        self.disconnects = Counter(
+            "gateway_client_disconnects_total",
+            "Calls whose client went away before the answer was complete.",
+            ["model", "endpoint"],
+            registry=registry,
+        )
+        self.retries = Counter(
+            "gateway_upstream_retries_total",
+            "Calls re-sent to another backend after a connection failure.",
+            ["model"],
+            registry=registry,
+        )
+        self.batched = Counter(
+            "gateway_batched_requests_total",
+            "Calls answered without an upstream call of their own: coalesced onto an "
+            "identical call, sent in a micro-batch, or held for a warm prefix.",
+            ["model", "endpoint", "mechanism"],
+            registry=registry,
+        )
+        self.in_flight = Gauge(
+            "gateway_backend_in_flight_requests",
+            "Calls in flight per backend.",
+            ["backend"],
+            registry=registry,
+            multiprocess_mode="livesum",
+        )
+        self.healthy = Gauge(
+            "gateway_backend_healthy",
+            "1 when the backend passes its health check.",
+            ["backend"],
+            registry=registry,
+            multiprocess_mode="livemin",
+        )
+        self.index_size = Gauge(
+            "gateway_prefix_index_handles",
+            "Live prefill-state handles in the prefix index, measured at scrape time.",
+            registry=registry,
+            multiprocess_mode="mostrecent",
+        )
+
+
+def render(registry: CollectorRegistry, multiproc_dir: Path | None) -> bytes:
+    """The exposition text. With several workers, every worker's values merged from the
+    shared directory, so whichever worker answers the scrape reports the same totals."""
+    if multiproc_dir is None:
+        return generate_latest(registry)
+    merged = CollectorRegistry()
+    MultiProcessCollector(merged, path=str(multiproc_dir))
+    return generate_latest(merged)

@@ -1,0 +1,86 @@
+"""`gateway serve`: run the gateway under uvicorn (uvloop + httptools)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shutil
+import sys
+import tempfile
+
+from gateway.api.openai import ProxyEndpoints
+from gateway.app import create_app
+from gateway.settings import Settings, SettingsError, load_settings
+
+CONFIG_ENV = "GATEWAY_CONFIG_FILE"
+"""How worker processes learn the config file the parent was given."""
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+"""Where prometheus_client keeps each worker's metric values (read at its import)."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", help="YAML config file (see gateway.example.yaml)")
+    parser.add_argument("--host", help="bind address (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, help="port (default 8080)")
+    parser.add_argument("--workers", type=int, help="worker processes (default 1)")
+
+
+def run(args: argparse.Namespace) -> int:
+    overrides = {k: v for k in ("host", "port", "workers") if (v := getattr(args, k)) is not None}
+    try:
+        settings = load_settings(args.config)
+        if overrides:
+            server = settings.server.model_copy(update=overrides)
+            settings = settings.model_copy(update={"server": server})
+    except SettingsError as exc:
+        print(f"gateway: {exc}", file=sys.stderr)  # noqa: T201
+        return 2
+    configure_logging(settings)
+    import uvicorn
+
+    options = {
+        "host": settings.server.host,
+        "port": settings.server.port,
+        "loop": "uvloop",
+        "http": "httptools",
+        "access_log": False,
+        "log_level": settings.server.log_level,
+        "lifespan": "on",
+    }
+    if settings.server.workers > 1:
+        # Workers rebuild the app from the same config file and the same overrides.
+        os.environ[CONFIG_ENV] = args.config or ""
+        os.environ["GATEWAY_SERVER__PORT"] = str(settings.server.port)
+        os.environ["GATEWAY_SERVER__HOST"] = settings.server.host
+        # A fresh directory per run: files left by an earlier run would be counted again.
+        os.environ[MULTIPROC_ENV] = metrics_dir = tempfile.mkdtemp(prefix="gateway-metrics-")
+        try:
+            uvicorn.run("gateway.serve:worker_app", factory=True,
+                        workers=settings.server.workers, **options)  # fmt: skip
+        finally:
+            shutil.rmtree(metrics_dir, ignore_errors=True)
+    else:
+        uvicorn.run(create_app(settings), **options)
+    return 0
+
+
+def worker_app() -> ProxyEndpoints:
+    settings = load_settings(os.environ.get(CONFIG_ENV) or None)
+    configure_logging(settings)
+    return create_app(settings)
+
+
+def configure_logging(settings: Settings) -> None:
+    logging.basicConfig(
+        level=settings.server.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stdout,
+    )
+    access = logging.getLogger("gateway.access")
+    access.setLevel(logging.INFO if settings.server.access_log else logging.WARNING)
+    # Access lines are JSON objects on their own, one per line, for log shippers.
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    access.handlers = [handler]
+    access.propagate = False

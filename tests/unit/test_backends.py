@@ -1,0 +1,25 @@
+from gateway.backends import parse_engine_load
+
+VLLM_METRICS = """# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="tiny"} 3.0
+vllm:num_requests_waiting{engine="1",model_name="tiny"} 2.0
+vllm:num_requests_running{engine="0",model_name="tiny"} 8.0
+vllm:num_requests_waiting_by_reason{engine="0",reason="capacity"} 99.0
+vllm:kv_cache_usage_perc{engine="0",model_name="tiny"} 0.25
+vllm:prefix_cache_hits_total{engine="0",model_name="tiny"} 1408.0
+"""
+
+
+def test_engine_gauges_summed_over_engines() -> None:
+    assert parse_engine_load(VLLM_METRICS) == {
+        "vllm:num_requests_waiting": 5.0,
+        "vllm:num_requests_running": 8.0,
+        "vllm:kv_cache_usage_perc": 0.25,
+    }
+
+
+def test_unlabelled_and_garbage_lines() -> None:
+    assert parse_engine_load("vllm:num_requests_running 4\nvllm:kv_cache_usage_perc x\n") == {
+        "vllm:num_requests_running": 4.0
+    }
