@@ -1,64 +1,17 @@
-"""Throwaway redis-server processes on free loopback ports: to kill, freeze, cluster."""
+"""Fixtures: a throwaway Redis server, and a throwaway three-node Redis Cluster."""
 
 from __future__ import annotations
 
-import shutil
-import signal
 import subprocess
-import tempfile
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import redis
 
 from tests.conftest import free_port
-
-
-class RedisProcess:
-    """One redis-server without persistence; start, kill, freeze and thaw it at will."""
-
-    def __init__(self, *extra: str) -> None:
-        binary = shutil.which("redis-server")
-        if binary is None:
-            pytest.fail("redis-server is not on PATH")
-        self.port = free_port()
-        self._dir = tempfile.TemporaryDirectory(prefix="gw-redis-")
-        self._cmd = [binary, "--port", str(self.port), "--bind", "127.0.0.1",
-                     "--save", "", "--appendonly", "no", "--daemonize", "no",
-                     "--dir", self._dir.name, *extra]  # fmt: skip
-        self._proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        self._proc = subprocess.Popen(self._cmd, stdout=subprocess.DEVNULL)
-        client = redis.Redis(port=self.port, socket_timeout=0.2)
-        deadline = time.monotonic() + 10
-        try:
-            while True:
-                try:
-                    client.ping()
-                    return
-                except redis.ConnectionError:
-                    if time.monotonic() > deadline:
-                        raise
-                    time.sleep(0.02)
-        finally:
-            client.close()
-
-    def pause(self, paused: bool) -> None:
-        """Freeze the server (SIGSTOP), so that calls hang until it resumes (SIGCONT)."""
-        assert self._proc is not None
-        self._proc.send_signal(signal.SIGSTOP if paused else signal.SIGCONT)
-
-    def kill(self) -> None:
-        if self._proc is not None:
-            self._proc.kill()
-            self._proc.wait()
-            self._proc = None
-
-    def close(self) -> None:
-        self.kill()
-        self._dir.cleanup()
+from tests.integration.index.redis_servers import RedisProcess, cluster_ready
 
 
 @pytest.fixture
@@ -66,14 +19,17 @@ def server() -> Iterator[RedisProcess]:
     proc = RedisProcess()
     proc.start()
     yield proc
-    proc.close()
+    proc.kill()
 
 
 @pytest.fixture
-def cluster() -> Iterator[list[RedisProcess]]:
+def cluster(tmp_path: Path) -> Iterator[list[RedisProcess]]:
     """A three-primary Redis Cluster, every slot assigned, state ok."""
-    nodes = [RedisProcess("--cluster-enabled", "yes", "--cluster-port", str(free_port()))
-             for _ in range(3)]  # fmt: skip
+    nodes = [
+        RedisProcess("--cluster-enabled", "yes", "--cluster-port", str(free_port()),
+                     "--cluster-config-file", str(tmp_path / f"nodes-{i}.conf"))
+        for i in range(3)
+    ]  # fmt: skip
     try:
         for node in nodes:
             node.start()
@@ -82,13 +38,16 @@ def cluster() -> Iterator[list[RedisProcess]]:
              "--cluster-replicas", "0", "--cluster-yes"],
             check=True, capture_output=True, timeout=30,
         )  # fmt: skip
-        client = redis.Redis(port=nodes[0].port)
         deadline = time.monotonic() + 10
-        while client.cluster("INFO").get("cluster_state") != "ok":
-            assert time.monotonic() < deadline, "cluster did not reach state ok"
-            time.sleep(0.05)
-        client.close()
+        for node in nodes:  # each node must see the whole cluster, not just the first
+            client = redis.Redis(port=node.port)
+            try:
+                while not cluster_ready(client, len(nodes)):
+                    assert time.monotonic() < deadline, "cluster did not reach state ok"
+                    time.sleep(0.05)
+            finally:
+                client.close()
         yield nodes
     finally:
         for node in nodes:
-            node.close()
+            node.kill()

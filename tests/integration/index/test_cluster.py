@@ -6,7 +6,7 @@ import redis
 
 from gateway.index import open_index
 from gateway.settings import Settings
-from tests.integration.index.conftest import RedisProcess
+from tests.integration.index.redis_servers import RedisProcess
 
 MODELS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta"]
 A = list(range(1, 30))

@@ -12,7 +12,7 @@ from gateway.index import open_index
 from gateway.index.base import PrefixIndex
 from gateway.settings import Settings
 from tests.conftest import free_port
-from tests.integration.index.conftest import RedisProcess
+from tests.integration.index.redis_servers import RedisProcess
 
 A = list(range(1, 9))
 B = list(range(11, 19))
