@@ -95,7 +95,7 @@ class RoutingSettings(Section):
     """A match covering less of the prompt than this (e.g. only a shared system prompt) is
     weak: the call goes to the least loaded backend as on a miss, so conversations spread."""
     backend_cache_tokens: int = Field(0, ge=0)
-    """KV-cache capacity of one backend in gateway tokens; 0 = unknown (TTL bounds only).
+    """KV-cache capacity of one backend in gateway tokens; 0 = unknown (assumed 4M tokens).
     The index forgets a backend's least recently used handles beyond it."""
 
 

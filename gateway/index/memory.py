@@ -6,6 +6,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
+from gateway.index.base import capacity_blocks
 from gateway.settings import PrefixSettings, RoutingSettings
 
 
@@ -19,7 +20,7 @@ class MemoryIndex:
         clock: Callable[[], int] = lambda: time.monotonic_ns() // 1000,
     ) -> None:
         self._ttl = int(routing.handle_ttl * 1_000_000)
-        self._capacity = routing.backend_cache_tokens // prefix.block_size
+        self._capacity = capacity_blocks(routing, prefix)
         self._clock = clock
         self._held: dict[str, dict[str, OrderedDict[int, int]]] = {}
         """model -> backend -> block hash -> last use (µs), least recently used first."""
@@ -71,7 +72,7 @@ class MemoryIndex:
 
     def _trim(self, held: OrderedDict[int, int], now: int) -> None:
         """Drop expired handles, then the least recently used beyond the capacity."""
-        excess = len(held) - self._capacity if self._capacity else 0
+        excess = len(held) - self._capacity
         while held:
             h, last_use = next(iter(held.items()))
             if last_use >= now - self._ttl and excess <= 0:

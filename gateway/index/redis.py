@@ -30,6 +30,7 @@ from typing import Any
 from redis.asyncio import Redis, RedisCluster
 from redis.exceptions import RedisError
 
+from gateway.index.base import capacity_blocks
 from gateway.settings import PrefixSettings, RedisSettings, RoutingSettings
 
 log = logging.getLogger(__name__)
@@ -96,10 +97,8 @@ for i = 4, #ARGV do
   redis.call('ZADD', held, string.format('%.0f', now - (i - 4)), ARGV[i])
 end
 redis.call('ZREMRANGEBYSCORE', held, '-inf', string.format('(%.0f', now - ttl))
-if cap > 0 then
-  local excess = redis.call('ZCARD', held) - cap
-  if excess > 0 then redis.call('ZREMRANGEBYRANK', held, 0, excess - 1) end
-end
+local excess = redis.call('ZCARD', held) - cap
+if excess > 0 then redis.call('ZREMRANGEBYRANK', held, 0, excess - 1) end
 redis.call('PEXPIRE', held, ttl_ms)
 redis.call('SADD', KEYS[2], backend)
 redis.call('PEXPIRE', KEYS[2], ttl_ms)
@@ -133,7 +132,7 @@ class RedisIndex:
         self._client = client
         self._root = f"{redis.key_prefix}px:"
         self._ttl = int(routing.handle_ttl * 1_000_000)
-        self._capacity = routing.backend_cache_tokens // prefix.block_size
+        self._capacity = capacity_blocks(routing, prefix)
         self._queue: asyncio.Queue[Update] = asyncio.Queue(redis.queue_size)
         self._lookup = client.register_script(LOOKUP)
         self._record = client.register_script(RECORD)
