@@ -143,7 +143,8 @@ def run(args: argparse.Namespace) -> None:
             [py, "-m", "gateway", "sim", "--instant", "--port", str(sim_port)],
             sim + "/health", tmp / "sim.log"))  # fmt: skip
         stack.enter_context(process(
-            [py, "-m", "gateway", "serve", "--config", str(cfg), "--port", str(gw_port)],
+            [py, "-m", "gateway", "serve", "--config", str(cfg), "--port", str(gw_port),
+             "--workers", str(args.workers)],
             targets[1].base.removesuffix("/v1") + "/health", tmp / "gateway.log"))  # fmt: skip
         if args.litellm:
             port = free_port()
@@ -213,6 +214,7 @@ def main() -> None:
     parser.add_argument("--vllm-router", help="path of the `vllm-router` command")
     parser.add_argument("--duration", type=int, default=5, help="seconds per wrk run")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--workers", type=int, default=1, help="gateway worker processes")
     parser.add_argument("--ttfb-calls", type=int, default=200)
     run(parser.parse_args())
 
