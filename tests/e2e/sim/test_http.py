@@ -148,10 +148,14 @@ async def test_accepted_sockets_send_small_writes_at_once() -> None:
     """TCP_NODELAY: without it a reused connection's streamed tokens wait ~40 ms each."""
     loop = asyncio.get_running_loop()
     live: set[Connection] = set()
+    # A socket made as start_simulator makes it (proto 0), for which asyncio itself
+    # does not set TCP_NODELAY on accepted connections.
+    listening = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listening.bind(("127.0.0.1", 0))
     server = await loop.create_server(
-        lambda: Connection(lambda r: Response(200, b""), b"", live), "127.0.0.1", 0
+        lambda: Connection(lambda r: Response(200, b""), b"", live), sock=listening
     )
-    port = server.sockets[0].getsockname()[1]
+    port = listening.getsockname()[1]
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
     await asyncio.wait_for(read_response(reader), 5)
