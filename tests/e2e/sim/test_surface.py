@@ -43,7 +43,7 @@ async def test_metrics_parse_with_vllm_names(start_sim: StartSim) -> None:
 async def poll_aborts(sim: RunningSimulator, expected: float) -> dict[str, float]:
     """Metrics once the abort count reached expected and nothing runs (vLLM: within 0.2 s)."""
     samples: dict[str, float] = {}
-    for _ in range(100):
+    for _ in range(250):
         samples = await scrape(sim)
         if (
             samples["vllm:request_abort_total"] == expected

@@ -112,8 +112,10 @@ async def test_uncached_prefill_costs_time_and_a_cached_one_does_not() -> None:
     assert warm.first_token_at is not None
     cold_ttft = cold.first_token_at - cold.arrival
     warm_ttft = warm.first_token_at - warm.arrival
-    assert 0.15 < cold_ttft < 1.0
-    assert warm_ttft < cold_ttft / 5
+    # Four chunked-prefill steps of 512 tokens cost at least 4 x 12 + 2,000 x 0.1 ms;
+    # a loaded machine can only make the sleeps longer.
+    assert cold_ttft >= 0.248
+    assert warm_ttft < cold_ttft / 3
 
 
 async def test_instant_mode_answers_on_submit_with_the_same_cache() -> None:
