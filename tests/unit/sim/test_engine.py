@@ -114,7 +114,7 @@ async def test_uncached_prefill_costs_time_and_a_cached_one_does_not() -> None:
     warm_ttft = warm.first_token_at - warm.arrival
     # Four chunked-prefill steps of 512 tokens cost at least 4 x 12 + 2,000 x 0.1 ms;
     # a loaded machine can only make the sleeps longer.
-    assert cold_ttft >= 0.248
+    assert cold_ttft > 0.24
     assert warm_ttft < cold_ttft / 3
 
 
