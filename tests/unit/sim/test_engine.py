@@ -35,10 +35,12 @@ async def test_a_repeated_prompt_hits_whole_blocks_except_the_last_token(engine:
     prompt = words(100)
     first = await finish(engine.submit(prompt, 4))
     assert first.cached_tokens == 0
+    assert first.created_cache_tokens == 96  # prompt blocks only, not the answer's
     assert first.finish_reason == "length"
     assert len(first.output) == 4
     again = await finish(engine.submit(prompt, 4))
     assert again.cached_tokens == 96
+    assert again.created_cache_tokens == 0
     assert again.output == first.output  # same prompt, same answer
     aligned = await finish(engine.submit(prompt[:96], 1))
     assert aligned.cached_tokens == 80  # 96 tokens cached, but the last one is recomputed
