@@ -25,6 +25,8 @@ from gateway.sim.http import Connection, Request, Response, Result, headers_bloc
 from gateway.sim.protocol import GenerateRequest, SimError
 
 INSTANCE_HEADER = "x-backend-instance"
+VERSION = "0.32.0+sim"
+"""The vLLM version whose dialect the simulator speaks."""
 _DONE = b"data: [DONE]\n\n"
 _NOT_FOUND = Response(404, b'{"detail":"Not Found"}')
 _NOT_ALLOWED = Response(405, b'{"detail":"Method Not Allowed"}')
@@ -56,6 +58,8 @@ class SimServer:
             "/v1/models": ("GET", self.models),
             "/health": ("GET", self.health),
             "/health_generate": ("GET", self.health),
+            "/ping": ("GET", self.health),
+            "/version": ("GET", self.version),
             "/metrics": ("GET", self.metrics),
             "/server_info": ("GET", self.server_info),
             "/get_server_info": ("GET", self.server_info),
@@ -175,6 +179,9 @@ class SimServer:
     def health(self, request: Request) -> Result:
         return Response(200, b"")
 
+    def version(self, request: Request) -> Result:
+        return _json({"version": VERSION})
+
     def metrics(self, request: Request) -> Result:
         return Response(
             200, metrics.render(self.registry), b"text/plain; version=0.0.4; charset=utf-8"
@@ -202,7 +209,7 @@ class SimServer:
                 "disable_radix_cache": False,
                 "dp_size": 1,
                 "tp_size": 1,
-                "version": "0.32.0-sim",
+                "version": VERSION,
                 "instance": self.name,
                 "internal_states": [{"num_running": len(e.running), "num_waiting": len(e.waiting)}],
             }

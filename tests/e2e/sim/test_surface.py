@@ -126,7 +126,8 @@ async def test_peer_router_probes_answer(start_sim: StartSim) -> None:
         assert render["token_ids"] == tok["tokens"]
         plain = (await http.post("/tokenize", json={"prompt": "hello world"})).json()
         assert plain["count"] == 2
-        for path in ("/health", "/health_generate", "/server_info", "/get_server_info"):
+        assert (await http.get("/version")).json() == {"version": "0.32.0+sim"}
+        for path in ("/health", "/health_generate", "/ping", "/server_info", "/get_server_info"):
             assert (await http.get(path)).status_code == 200, path
         for path in ("/model_info", "/get_model_info"):
             assert (await http.get(path)).json()["model_path"] == "sim"
