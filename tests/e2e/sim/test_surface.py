@@ -134,3 +134,23 @@ async def test_peer_router_probes_answer(start_sim: StartSim) -> None:
         info = (await http.get("/get_server_info")).json()
         assert info["page_size"] == 16
         assert info["max_total_num_tokens"] == 8192 * 16
+
+
+async def test_instant_streams_parse_like_scheduled_ones(start_sim: StartSim) -> None:
+    instant, scheduled = await start_sim(instant=True), await start_sim(step_ms=1.0)
+    texts = []
+    for sim in (instant, scheduled):
+        async with client_for(sim) as client:
+            stream = await client.chat.completions.create(
+                model="sim",
+                messages=CHAT["messages"],
+                max_tokens=5,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+            chunks = [c async for c in stream]
+        assert chunks[-1].usage is not None
+        assert chunks[-1].usage.completion_tokens == 5
+        texts.append("".join(c.choices[0].delta.content or "" for c in chunks if c.choices))
+    assert texts[0] == texts[1]
+    assert texts[0]
