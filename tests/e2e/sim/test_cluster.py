@@ -2,27 +2,10 @@
 
 from __future__ import annotations
 
-import socket
-
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.servers import free_port, gateway_process
-
-
-def consecutive_free_ports(n: int) -> int:
-    """A port P with P..P+n-1 all free now: a bare free port's neighbour is often taken
-    on a busy machine (outgoing connections use the same ephemeral range)."""
-    for _ in range(50):
-        base = free_port()
-        try:
-            for port in range(base + 1, base + n):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        return base
-    raise AssertionError(f"no {n} consecutive free ports found")
+from tests.servers import gateway_process
 
 
 def cache_blocks(base: str) -> str:
