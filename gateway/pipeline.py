@@ -17,6 +17,7 @@ from starlette.responses import Response
 from gateway.backends import Backend, Model
 from gateway.errors import GatewayError
 from gateway.flow import Call, Endpoint, Route
+from gateway.index import feedback
 from gateway.services import Services
 from gateway.stages import forward, parse, usage
 from gateway.stages.forward import EventScanner, StreamRelay, Unreachable
@@ -49,7 +50,7 @@ async def handle(call: Call, body: bytes, endpoint: Endpoint, svc: Services) -> 
         finish(call, svc)
         raise
     call.done_at = time.perf_counter()
-    call.usage = usage.from_body(raw)
+    call.usage, call.reply = usage.from_body(raw)
     headers[OVERHEAD_HEADER] = milliseconds(finish(call, svc))
     return Response(raw, media_type="application/json", headers=headers)
 
@@ -110,8 +111,11 @@ def finish(call: Call, svc: Services, scanner: EventScanner | None = None) -> fl
         call.done_at = time.perf_counter()
     if call.route is not None and call.dispatched_at is not None:
         occupy(svc.backends.backends[call.route.backend], svc, -1)
+        if scanner is not None and (call.usage is None or call.prefix is not None):
+            call.reply = usage.delivered_text(scanner.delivered)
         if call.usage is None:
-            call.usage = estimate_usage(call, scanner, svc)
+            call.usage = estimate_usage(call, svc)
+        learn(call, svc)
     svc.ledger.record(call)
     spent = overhead(call)
     if svc.settings.metrics_enabled:
@@ -145,14 +149,13 @@ def milliseconds(seconds: float | None) -> str:
     return f"{seconds * 1000:.3f}" if seconds is not None else ""
 
 
-def estimate_usage(call: Call, scanner: EventScanner | None, svc: Services) -> usage.Usage:
+def estimate_usage(call: Call, svc: Services) -> usage.Usage:
     """Count tokens ourselves when the backend's usage never came (e.g. a disconnect)."""
     assert call.request is not None
     encoding = svc.backends.model(call.request.model).encoding
-    text = usage.delivered_text(scanner.delivered) if scanner else ""
     return usage.Usage(
         prompt_tokens=call.prefix.tokens if call.prefix else 0,
-        completion_tokens=svc.prefix.count_tokens(text, encoding) if text else 0,
+        completion_tokens=svc.prefix.count_tokens(call.reply, encoding) if call.reply else 0,
         estimated=True,
     )
 
@@ -165,6 +168,36 @@ def remember(call: Call, svc: Services) -> None:
     """
     if call.prefix is not None and call.prefix.hashes and call.route and call.request:
         svc.index.record(call.request.model, call.route.backend, call.prefix.hashes)
+
+
+def learn(call: Call, svc: Services) -> None:
+    """Correct the index with what the backend reported, and score the prediction."""
+    key, route, u = call.prefix, call.route, call.usage
+    if key is None or not key.hashes or route is None or call.request is None or u is None:
+        return
+    prefilled = not u.estimated or call.first_byte_at is not None
+    encoding = svc.backends.model(call.request.model).encoding
+    fb = feedback.observe(
+        svc.index,
+        call.request.model,
+        route.backend,
+        key,
+        route.matched_blocks,
+        u.cached_tokens if prefilled else None,
+        (u.prompt_tokens or key.tokens) if prefilled else None,
+        holds=svc.prefix.reply_key(call.request, encoding, call.reply) if prefilled else None,
+    )
+    if fb.reported and not u.estimated and svc.settings.metrics_enabled:
+        predicted = route.predicted_cached_tokens / max(key.tokens, 1)
+        reported = u.cached_tokens / max(u.prompt_tokens, 1)
+        svc.metrics.prediction.labels(call.request.model, accuracy(predicted, reported)).inc()
+
+
+def accuracy(predicted_share: float, reported_share: float) -> str:
+    """Within 0.1 of the backend's cached share is accurate; otherwise over or under."""
+    if abs(predicted_share - reported_share) <= 0.1:
+        return "accurate"
+    return "over" if predicted_share > reported_share else "under"
 
 
 def record_metrics(call: Call, svc: Services, spent: float | None) -> None:
