@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any, Literal, cast, get_args
 
-from sqlalchemy import ColumnElement, func, literal_column, select
+from sqlalchemy import ColumnElement, Select, func, literal_column, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.ledger.models import LedgerRow
@@ -123,14 +123,10 @@ def _group_column(group_by: GroupBy, dialect: str) -> ColumnElement[Any]:
     }[group_by]
 
 
-async def cost_report(
-    engine: AsyncEngine,
-    start: datetime | None,
-    end: datetime | None,
-    group_by: tuple[GroupBy, ...],
-) -> Report:
-    """Aggregate ledger rows with start <= ts < end (either bound optional)."""
-    groups = [_group_column(g, engine.dialect.name).label(f"g_{g}") for g in group_by]
+def report_query(
+    dialect: str, start: datetime | None, end: datetime | None, group_by: tuple[GroupBy, ...]
+) -> Select[Any]:
+    groups = [_group_column(g, dialect).label(f"g_{g}") for g in group_by]
     sums = [func.sum(getattr(LedgerRow, name)).label(name) for name in (*TOKENS, *COSTS)]
     stmt = select(*groups, func.count().label("requests"), *sums)
     stmt = stmt.group_by(*groups).order_by(*groups)
@@ -138,7 +134,18 @@ async def cost_report(
         stmt = stmt.where(LedgerRow.ts >= start)
     if end is not None:
         stmt = stmt.where(LedgerRow.ts < end)
-    n = len(groups)
+    return stmt
+
+
+async def cost_report(
+    engine: AsyncEngine,
+    start: datetime | None,
+    end: datetime | None,
+    group_by: tuple[GroupBy, ...],
+) -> Report:
+    """Aggregate ledger rows with start <= ts < end (either bound optional)."""
+    stmt = report_query(engine.dialect.name, start, end, group_by)
+    n = len(group_by)
     async with engine.connect() as conn:
         result = await conn.execute(stmt)
         lines = [

@@ -72,14 +72,6 @@ def upgrade() -> None:
     op.create_index("ix_ledger_team_ts", "ledger", ["team", "ts"])
     op.create_index("ix_ledger_key_ts", "ledger", ["key_id", "ts"])
     op.create_index("ix_ledger_model_ts", "ledger", ["model", "ts"])
-    if op.get_bind().dialect.name == "postgresql":
-        # Reports group by these. Without statistics the planner guesses one group per row
-        # for the day expression and skips parallel partial aggregation (2-3x slower). The
-        # expression must stay the one gateway.ledger.report groups by.
-        op.execute(
-            "CREATE STATISTICS ledger_report_groups (ndistinct) "
-            "ON team, key_id, model, backend, (date(timezone('UTC', ts))) FROM ledger"
-        )
 
 
 def downgrade() -> None:

@@ -7,21 +7,24 @@ Postgres and on the embedded SQLite file alike.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import pytest
 from prometheus_client import CollectorRegistry
 from sqlalchemy import func, select
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.flow import Call, Cost, Usage
 from gateway.ledger import Ledger
 from gateway.ledger.db import make_engine
 from gateway.ledger.models import LedgerRow, Price
-from gateway.ledger.report import cost_report
+from gateway.ledger.report import cost_report, report_query
 from tests.integration.ledger.factory import ledger_settings, make_call
 
 PRICES = {
@@ -223,3 +226,23 @@ async def test_config_price_synced_only_when_changed(
         ("alpha", "0.6000000000"), ("beta", "15.0000000000"), ("gamma", "0.3333333333"),
         ("alpha", "0.6100000000"),
     ]  # fmt: skip
+
+
+async def test_day_reports_use_the_planner_statistics(pg_db_url: str, tmp_path: Path) -> None:
+    """The report's day expression must be the one the migration gathers statistics on."""
+    ledger = Ledger(ledger_settings(pg_db_url, tmp_path / "spool", PRICES), CollectorRegistry())
+    await ledger.start()
+    days = [1767225600.0 + 86400 * (i % 3) + i for i in range(1000)]  # 2026-01-01 .. 01-03
+    for day in days:
+        ledger.record(make_call("alpha", usage=Usage(10, 0, 1), received_wall=day))
+    await ledger.aclose()
+    query = report_query("postgresql", None, None, ("day",)).compile(
+        dialect=postgresql.dialect(), compile_kwargs={"literal_binds": True}
+    )
+    conn = await asyncpg.connect(pg_db_url)
+    try:
+        await conn.execute("ANALYZE ledger")
+        plan = json.loads(await conn.fetchval(f"EXPLAIN (FORMAT JSON) {query}"))
+    finally:
+        await conn.close()
+    assert plan[0]["Plan"]["Plan Rows"] == 3  # without them: a group per distinct ts
