@@ -19,6 +19,7 @@ import aiohttp
 from gateway.errors import BackendUnavailable, ModelNotFound
 from gateway.metrics import GatewayMetrics
 from gateway.settings import BackendSettings, ModelSettings, UpstreamSettings
+from gateway.stages.routing import Candidate
 
 log = logging.getLogger(__name__)
 
@@ -75,8 +76,8 @@ class BackendPool:
                 model.backends.append(backend)
             self.models[m.name] = model
         for backend in self.backends.values():
-            metrics.in_flight.labels(backend.name).set_function(lambda b=backend: b.in_flight)
-            metrics.healthy.labels(backend.name).set_function(lambda b=backend: int(b.healthy))
+            metrics.in_flight.labels(backend.name).set(0)
+            metrics.healthy.labels(backend.name).set(int(backend.healthy))
         self._tasks: list[asyncio.Task[None]] = []
         self._session: aiohttp.ClientSession | None = None
 
@@ -86,11 +87,16 @@ class BackendPool:
         except KeyError:
             raise ModelNotFound(f"The model `{name}` does not exist.", param="model") from None
 
-    def healthy(self, model: Model) -> list[Backend]:
-        backends = [b for b in model.backends if b.healthy]
-        if not backends:
+    def candidates(self, model: Model, exclude: set[str]) -> list[Candidate]:
+        """The model's backends as routing sees them, less those already tried."""
+        out = [
+            Candidate(b.name, b.healthy, b.in_flight, b.waiting, b.kv_usage, b.weight)
+            for b in model.backends
+            if b.name not in exclude
+        ]
+        if not any(c.healthy for c in out):
             raise BackendUnavailable(f"no healthy backend for model `{model.name}`")
-        return backends
+        return out
 
     async def start(self) -> None:
         """Probe every backend once, then keep probing in the background."""
@@ -130,12 +136,14 @@ class BackendPool:
         if ok != backend.healthy:
             log.warning("backend %s is now %s", backend.name, "healthy" if ok else "unhealthy")
         backend.healthy = ok
+        self._metrics.healthy.labels(backend.name).set(int(ok))
 
     def mark_unreachable(self, backend: Backend) -> None:
         """A connection failure takes the backend out until the next good probe."""
         if backend.healthy:
             log.warning("backend %s unreachable: marked unhealthy", backend.name)
         backend.healthy = False
+        self._metrics.healthy.labels(backend.name).set(0)
 
     async def scrape_load(self) -> None:
         await asyncio.gather(*(self._scrape(b) for b in self.backends.values() if b.healthy))

@@ -65,6 +65,9 @@ class PrefixKey:
     hashes: list[int]
     """Chained hashes of each full block; hashes[i] names the prefix of (i+1) blocks."""
     block_size: int
+    anchor: int = 0
+    """Hash of the conversation's opening (through the first non-system message), stable
+    across turns: the consistent-hash key that spreads misses and keeps them sticky."""
 
 
 @dataclass(slots=True)

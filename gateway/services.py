@@ -12,9 +12,14 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry
 
 from gateway.backends import BackendPool
+from gateway.index import open_index
+from gateway.index.base import PrefixIndex
+from gateway.ledger import Ledger
 from gateway.metrics import GatewayMetrics
 from gateway.settings import Settings
 from gateway.stages.forward import Upstream
+from gateway.stages.prefix import PrefixHasher
+from gateway.stages.routing import Policy, make_policy
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +31,10 @@ class Services:
     metrics: GatewayMetrics
     backends: BackendPool
     upstream: Upstream
+    prefix: PrefixHasher
+    index: PrefixIndex
+    policy: Policy
+    ledger: Ledger
     started_at: float
 
     @classmethod
@@ -36,20 +45,41 @@ class Services:
                 settings = await stack.enter_async_context(embedded_backend(settings))
             registry = CollectorRegistry(auto_describe=True)
             metrics = GatewayMetrics(registry)
-            upstream = Upstream(settings.upstream)
+            prefix = PrefixHasher(settings.prefix)
+            for model in settings.models:
+                prefix.encoding(model.encoding)  # a bad encoding fails the start, not a call
+            ledger = Ledger(settings, registry)
+            await ledger.start()
+            stack.push_async_callback(ledger.aclose)
+            index = open_index(settings)
+            await index.start()
+            stack.push_async_callback(index.aclose)
+            upstream = Upstream(settings.upstream, metrics if settings.metrics_enabled else None)
             await upstream.start()
             stack.push_async_callback(upstream.aclose)
             backends = BackendPool(settings.models, settings.upstream, metrics)
             await backends.start()
             stack.push_async_callback(backends.aclose)
-            yield cls(settings, registry, metrics, backends, upstream, time.time())
+            yield cls(
+                settings=settings,
+                registry=registry,
+                metrics=metrics,
+                backends=backends,
+                upstream=upstream,
+                prefix=prefix,
+                index=index,
+                policy=make_policy(settings.routing),
+                ledger=ledger,
+                started_at=time.time(),
+            )
 
 
 @asynccontextmanager
 async def embedded_backend(settings: Settings) -> AsyncIterator[Settings]:
     """Start the built-in simulator on loopback and point one model at it."""
     from gateway.settings import BackendSettings, ModelSettings
-    from gateway.sim.server import SimConfig, start_simulator
+    from gateway.sim.config import SimConfig
+    from gateway.sim.server import start_simulator
 
     sim = settings.sim
     running = [

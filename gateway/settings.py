@@ -78,6 +78,8 @@ class PrefixSettings(Section):
     block_size: int = Field(16, ge=1)
     max_blocks: int = Field(2048, ge=1)
     """Prompts longer than block_size * max_blocks are hashed only up to that point."""
+    token_cache_size: int = Field(8192, ge=0)
+    """Tokenized pieces of prompt text kept (LRU): multi-turn calls resend their history."""
 
 
 class RoutingSettings(Section):
@@ -89,6 +91,12 @@ class RoutingSettings(Section):
     """A matched backend keeps the call while its load is within this many requests of the
     least loaded one (plus a margin proportional to the cached share)."""
     session_affinity: bool = True
+    min_match_share: float = Field(0.5, ge=0.0, le=1.0)
+    """A match covering less of the prompt than this (e.g. only a shared system prompt) is
+    weak: the call goes to the least loaded backend as on a miss, so conversations spread."""
+    backend_cache_tokens: int = Field(0, ge=0)
+    """KV-cache capacity of one backend in gateway tokens; 0 = unknown (TTL bounds only).
+    The index forgets a backend's least recently used handles beyond it."""
 
 
 class RedisSettings(Section):
@@ -96,11 +104,22 @@ class RedisSettings(Section):
     """None: the in-process index and limits (the embedded default)."""
     key_prefix: str = "gw:"
     timeout: float = 0.05
+    cluster: bool = False
+    """The URL names a node of a Redis Cluster."""
+    probe_interval: float = 1.0
+    """While Redis is failing, how often the index probes it to recover."""
+    queue_size: int = Field(10000, ge=1)
+    """Index updates waiting for the background flusher; the oldest are dropped beyond it."""
 
 
 class DatabaseSettings(Section):
     url: str = "sqlite:///gateway.db"
     """SQLAlchemy URL; postgresql://... in production, a SQLite file by default."""
+    auto_migrate: bool | None = None
+    """Apply the migrations at start. None: only for SQLite; Postgres is migrated with
+    `gateway migrate`, and a gateway finding an outdated schema refuses to start."""
+    timeout: float = 5.0
+    """Seconds to connect or run one statement before the ledger treats the database as down."""
 
 
 class LedgerSettings(Section):
@@ -108,6 +127,9 @@ class LedgerSettings(Section):
     batch_size: int = 1000
     flush_interval: float = 0.05
     spool_dir: Path = Path("gateway-spool")
+    """Rows the database could not take wait here (append-only, fsync per batch)."""
+    price_refresh_interval: float = 30.0
+    """Seconds between reloads of the price table, so other replicas' admin changes arrive."""
 
 
 class AuthSettings(Section):
@@ -153,6 +175,10 @@ class Settings(BaseSettings):
     batching: BatchingSettings = BatchingSettings()
     sim: SimSettings = SimSettings()
     metrics_enabled: bool = True
+    """Off: the request path records no metrics (ops gauges and the ledger's still do)."""
+    metrics_multiproc_dir: Path | None = Field(None, validation_alias="PROMETHEUS_MULTIPROC_DIR")
+    """Set (by `gateway serve --workers N`) when several worker processes share one port:
+    prometheus_client writes every worker's values there and /metrics merges them."""
 
     @model_validator(mode="after")
     def _unique_models(self) -> Settings:

@@ -13,6 +13,8 @@ import orjson
 
 from gateway.flow import Usage
 
+__all__ = ["Usage", "delivered_text", "from_body", "from_usage"]
+
 
 def from_usage(usage: Any) -> Usage | None:
     """A Usage from an OpenAI ``usage`` object, or None if it is not one."""
@@ -40,3 +42,22 @@ def from_body(body: bytes) -> Usage | None:
 
 def _int(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def delivered_text(events: list[bytes]) -> str:
+    """The generated text carried by SSE events (chat deltas or completion text)."""
+    parts: list[str] = []
+    for event in events:
+        payload = event.partition(b"data:")[2].strip()
+        if not payload.startswith(b"{"):
+            continue
+        try:
+            data = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            continue
+        for choice in data.get("choices") or ():
+            delta = choice.get("delta")
+            text = delta.get("content") if isinstance(delta, dict) else choice.get("text")
+            if isinstance(text, str):
+                parts.append(text)
+    return "".join(parts)

@@ -42,3 +42,9 @@ def test_bad_settings_fail_fast_with_a_message(tmp_path: Path) -> None:
     cfg.write_text("routing: {policy: random}\n")
     with pytest.raises(SettingsError, match="policy"):
         load_settings(cfg)
+
+
+def test_the_example_config_loads() -> None:
+    s = load_settings(Path(__file__).parents[2] / "gateway.example.yaml")
+    assert s.models[0].backends[1].api_key == "backend-secret"
+    assert s.routing.policy == "cache_aware"

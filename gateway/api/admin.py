@@ -1,0 +1,117 @@
+"""Admin routes: cost reports and prices (the keys issue adds key and team routes here).
+
+Every route needs ``Authorization: Bearer <auth.admin_key>``: a missing key answers 401,
+a wrong one 403. With no admin key configured the admin API is disabled (403 for all):
+a "loopback only" rule would let anyone in behind a reverse proxy on the same host, and
+`gateway report` reads the ledger directly where no key is set.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Callable
+from datetime import datetime
+from decimal import Decimal
+from typing import Annotated, Any, Literal
+
+import orjson
+from fastapi import APIRouter, Depends, Header, Query, Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from gateway.api.openai import ServicesDep
+from gateway.errors import Forbidden, InvalidRequest, Unauthorized
+from gateway.ledger import Ledger
+from gateway.ledger.prices import PriceVersion
+from gateway.ledger.report import GroupBy, parse_when
+from gateway.settings import AuthSettings, Settings
+
+
+def admin_guard(auth: AuthSettings) -> Callable[[str | None], None]:
+    def guard(authorization: Annotated[str | None, Header()] = None) -> None:
+        if auth.admin_key is None:
+            raise Forbidden("the admin API is disabled: configure auth.admin_key")
+        if authorization is None:
+            raise Unauthorized("admin key missing: send Authorization: Bearer <admin key>")
+        scheme, _, token = authorization.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(
+            token.strip().encode(), auth.admin_key.encode()
+        ):
+            raise Forbidden("wrong admin key")
+
+    return guard
+
+
+class PriceIn(BaseModel):
+    """USD per million tokens; send amounts as strings ("0.15") to keep them exact."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(min_length=1, max_length=200)
+    input: Decimal = Field(ge=0)
+    cached_input: Decimal = Field(ge=0)
+    cache_write: Decimal = Field(Decimal(0), ge=0)
+    output: Decimal = Field(ge=0)
+    effective_from: datetime | None = None
+    """Default (and earliest allowed): now. A future time schedules the change."""
+
+
+async def _ledger(svc: ServicesDep) -> Ledger:
+    return svc.ledger
+
+
+LedgerDep = Annotated[Ledger, Depends(_ledger)]
+
+
+def admin_router(settings: Settings) -> APIRouter:
+    router = APIRouter(prefix="/admin", dependencies=[Depends(admin_guard(settings.auth))])
+
+    @router.get("/reports/costs")
+    async def cost_report(
+        ledger: LedgerDep,
+        start: Annotated[str | None, Query(alias="from")] = None,
+        end: Annotated[str | None, Query(alias="to")] = None,
+        group_by: GroupBy = "team",
+        format: Literal["json", "csv"] = "json",
+    ) -> Response:
+        report = await ledger.report(_when(start, "from"), _when(end, "to"), group_by)
+        if format == "csv":
+            return Response(report.to_csv(), media_type="text/csv; charset=utf-8")
+        return _json(report.to_json())
+
+    @router.get("/prices")
+    async def list_prices(ledger: LedgerDep, model: str | None = None) -> Response:
+        return _json({"data": [_price(v) for v in ledger.price_history(model)]})
+
+    @router.post("/prices", status_code=201)
+    async def add_price(body: PriceIn, ledger: LedgerDep) -> Response:
+        prices = (body.input, body.cached_input, body.cache_write, body.output)
+        version = await ledger.set_price(body.model, prices, body.effective_from)
+        return _json(_price(version), status=201)
+
+    return router
+
+
+def _when(text: str | None, param: str) -> datetime | None:
+    if text is None:
+        return None
+    try:
+        return parse_when(text)
+    except ValueError as exc:
+        raise InvalidRequest(f"{param}: not an ISO date or time: {text!r}", param=param) from exc
+
+
+def _price(v: PriceVersion) -> dict[str, Any]:
+    return {
+        "id": v.id,
+        "model": v.model,
+        "effective_from": v.effective_from.isoformat(),
+        "input": format(v.input, "f"),
+        "cached_input": format(v.cached_input, "f"),
+        "cache_write": format(v.cache_write, "f"),
+        "output": format(v.output, "f"),
+        "source": v.source,
+    }
+
+
+def _json(body: dict[str, Any], status: int = 200) -> Response:
+    return Response(orjson.dumps(body), status_code=status, media_type="application/json")

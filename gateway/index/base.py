@@ -1,0 +1,52 @@
+"""The index's interface, shared by the in-process, Redis and resilient implementations.
+
+A *handle* says "backend B holds the KV cache of block hash H of model M, last used at t".
+Because block hashes chain, holding hash *i* means holding the prompt's first *i + 1*
+blocks, so a lookup answers with a number of leading blocks per backend. Handles expire
+``handle_ttl`` seconds after their last use, and a backend with a known cache size keeps
+only its most recently used handles (deepest blocks of the oldest prompts go first, as
+vLLM evicts them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+
+class PrefixIndex(Protocol):
+    @property
+    def healthy(self) -> bool:
+        """False while the shared store is failing and answers come from a fallback."""
+        ...
+
+    async def start(self) -> None:
+        """Start the background work the index owns (update flusher, recovery probe)."""
+        ...
+
+    async def aclose(self) -> None:
+        """Apply what is queued where possible, stop the background work, close clients."""
+        ...
+
+    async def lookup(self, model: str, hashes: Sequence[int]) -> dict[str, int]:
+        """Backend name -> number of leading blocks of ``hashes`` it holds (absent: none).
+
+        One round trip at most; never raises from the resilient index.
+        """
+        ...
+
+    def record(self, model: str, backend: str, hashes: Sequence[int]) -> None:
+        """Note that backend now holds these blocks (renewing them); queued, never blocks."""
+        ...
+
+    def forget(self, model: str, backend: str, hashes: Sequence[int], keep_blocks: int) -> None:
+        """Drop backend's handles for hashes[keep_blocks:]; queued, never blocks."""
+        ...
+
+    async def flush(self) -> None:
+        """Wait until every update queued so far has been applied (or dropped on error)."""
+        ...
+
+    async def size(self) -> int:
+        """Live handles, for a gauge; off the request path (may scan)."""
+        ...

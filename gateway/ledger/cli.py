@@ -1,0 +1,48 @@
+"""`gateway report`: cost reports straight from the ledger database, as CSV or JSON.
+
+gateway report --from 2026-11-01 --to 2026-12-01 --group-by team --format csv
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+
+import orjson
+
+from gateway.ledger.db import make_engine
+from gateway.ledger.report import GROUP_BYS, Report, cost_report, parse_when
+from gateway.settings import SettingsError, load_settings
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", help="YAML settings file")
+    parser.add_argument("--database-url", help="default: the settings' database.url")
+    parser.add_argument("--from", dest="start", type=parse_when, help="ISO date/time (UTC)")
+    parser.add_argument("--to", dest="end", type=parse_when, help="ISO date/time, exclusive")
+    parser.add_argument("--group-by", choices=GROUP_BYS, default="team")
+    parser.add_argument("--format", choices=("csv", "json"), default="csv")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        settings = load_settings(args.config)
+    except SettingsError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    url = args.database_url or settings.database.url
+
+    async def main() -> Report:
+        engine = make_engine(url, settings.database.timeout)
+        try:
+            return await cost_report(engine, args.start, args.end, args.group_by)
+        finally:
+            await engine.dispose()
+
+    report = asyncio.run(main())
+    if args.format == "csv":
+        sys.stdout.write(report.to_csv())
+    else:
+        sys.stdout.write(orjson.dumps(report.to_json(), option=orjson.OPT_INDENT_2).decode() + "\n")
+    return 0

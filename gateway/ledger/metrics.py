@@ -1,0 +1,47 @@
+"""The ledger's Prometheus metrics, on the registry the app injects.
+
+Each worker process has its own queue and spool file: with several workers a scrape adds
+them up, and the lag is the worst worker's.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+
+class LedgerMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.cost = Counter(
+            "gateway_cost_usd",
+            "Cost of finished calls in USD (the ledger holds the exact figures).",
+            ["model", "team"],
+            registry=registry,
+        )
+        self.queue_depth = Gauge(
+            "gateway_ledger_queue_depth",
+            "Ledger rows waiting in memory for the writer.",
+            registry=registry,
+            multiprocess_mode="livesum",
+        )
+        self.spool_rows = Gauge(
+            "gateway_ledger_spool_rows",
+            "Ledger rows waiting in the local spool for the database to come back.",
+            registry=registry,
+            multiprocess_mode="livesum",
+        )
+        self.rows_written = Counter(
+            "gateway_ledger_rows_written",
+            "Ledger rows committed to the database.",
+            registry=registry,
+        )
+        self.write_failures = Counter(
+            "gateway_ledger_write_failures",
+            "Batch writes the database refused or timed out (the rows went to the spool).",
+            registry=registry,
+        )
+        self.lag = Gauge(
+            "gateway_ledger_lag_seconds",
+            "Seconds from a call's end to its row's commit, for the last batch written.",
+            registry=registry,
+            multiprocess_mode="livemax",
+        )

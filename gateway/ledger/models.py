@@ -1,0 +1,161 @@
+"""The ledger's tables: price versions and one usage row per call.
+
+Money is exact everywhere: ``Numeric(20, 10)`` USD on Postgres; SQLite has no exact
+decimal type, so there the same column holds integer units of 1e-10 USD. The
+:class:`Money` type hides the difference, so code and reports see ``Decimal`` on both.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    Numeric,
+    SmallInteger,
+    String,
+    UniqueConstraint,
+)
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import TypeDecorator, TypeEngine
+
+SCALE = 10
+QUANTUM = Decimal(1).scaleb(-SCALE)
+"""Every stored amount is a multiple of this (1e-10 USD)."""
+
+
+def quantize(value: Decimal) -> Decimal:
+    """Round to the ledger's fixed scale (banker's rounding, the Decimal default)."""
+    return value.quantize(QUANTUM)
+
+
+class Money(TypeDecorator[Decimal]):
+    """USD at a fixed scale: NUMERIC on Postgres, integer 1e-10 units on SQLite."""
+
+    impl = Numeric(20, SCALE)
+    cache_ok = True
+
+    def load_dialect_impl(self, dialect: Dialect) -> TypeEngine[Any]:
+        if dialect.name == "sqlite":
+            return dialect.type_descriptor(BigInteger())
+        return dialect.type_descriptor(Numeric(20, SCALE))
+
+    def process_bind_param(self, value: Any, dialect: Dialect) -> Any:
+        if value is None:
+            return None
+        exact = quantize(Decimal(value))
+        return int(exact.scaleb(SCALE)) if dialect.name == "sqlite" else exact
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> Decimal | None:
+        if value is None:
+            return None
+        if dialect.name == "sqlite":
+            return Decimal(int(value)).scaleb(-SCALE)
+        return quantize(Decimal(value))
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """An aware UTC timestamp: timestamptz on Postgres, naive UTC text on SQLite."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: Any, dialect: Dialect) -> Any:
+        if value is None:
+            return None
+        utc = value.astimezone(UTC)
+        return utc.replace(tzinfo=None) if dialect.name == "sqlite" else utc
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Price(Base):
+    """A model's price from ``effective_from`` on; a change adds a row, never edits one."""
+
+    __tablename__ = "prices"
+    __table_args__ = (UniqueConstraint("model", "effective_from", name="uq_prices_model_from"),)
+
+    id: Mapped[int] = mapped_column(
+        BigInteger().with_variant(Integer(), "sqlite"), primary_key=True, autoincrement=True
+    )
+    model: Mapped[str] = mapped_column(String(200))
+    effective_from: Mapped[datetime] = mapped_column(UTCDateTime())
+    input: Mapped[Decimal] = mapped_column(Money())
+    """USD per million standard input tokens; the other three likewise."""
+    cached_input: Mapped[Decimal] = mapped_column(Money())
+    cache_write: Mapped[Decimal] = mapped_column(Money())
+    output: Mapped[Decimal] = mapped_column(Money())
+    source: Mapped[str] = mapped_column(String(16))
+    """'config' (synced at start) or 'admin' (POST /admin/prices)."""
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class LedgerRow(Base):
+    """One finished call, written once: request_id is unique so a retried write is a no-op."""
+
+    __tablename__ = "ledger"
+    __table_args__ = (
+        Index("ix_ledger_ts", "ts"),
+        Index("ix_ledger_team_ts", "team", "ts"),
+        Index("ix_ledger_key_ts", "key_id", "ts"),
+        Index("ix_ledger_model_ts", "model", "ts"),
+    )
+
+    id: Mapped[int] = mapped_column(
+        BigInteger().with_variant(Integer(), "sqlite"), primary_key=True, autoincrement=True
+    )
+    request_id: Mapped[str] = mapped_column(String(64), unique=True)
+    ts: Mapped[datetime] = mapped_column(UTCDateTime())
+    """When the gateway received the call (the price in force then is the one used)."""
+    key_id: Mapped[str | None] = mapped_column(String(64))
+    team: Mapped[str | None] = mapped_column(String(200))
+    model: Mapped[str | None] = mapped_column(String(200))
+    backend: Mapped[str | None] = mapped_column(String(200))
+    endpoint: Mapped[str] = mapped_column(String(16))
+    stream: Mapped[bool] = mapped_column(Boolean)
+    status: Mapped[int] = mapped_column(SmallInteger)
+    error_type: Mapped[str | None] = mapped_column(String(64))
+    decision: Mapped[str | None] = mapped_column(String(16))
+    """The routing outcome (hit, miss, overflow, ...), None if the call never got routed."""
+    served_by: Mapped[str] = mapped_column(String(16))
+    """upstream, or coalesced / batched / held when a batching mechanism served it."""
+    disconnected: Mapped[bool] = mapped_column(Boolean)
+    estimated: Mapped[bool] = mapped_column(Boolean)
+    """Token counts were counted by the gateway, not reported by the backend."""
+    prompt_tokens: Mapped[int] = mapped_column(Integer)
+    input_tokens: Mapped[int] = mapped_column(Integer)
+    """Standard input: prompt - cached - cache_write (OpenAI's prompt includes the cached)."""
+    cached_tokens: Mapped[int] = mapped_column(Integer)
+    cache_write_tokens: Mapped[int] = mapped_column(Integer)
+    completion_tokens: Mapped[int] = mapped_column(Integer)
+    predicted_cached_tokens: Mapped[int] = mapped_column(Integer)
+    price_id: Mapped[int | None] = mapped_column(ForeignKey("prices.id"))
+    cost_input: Mapped[Decimal] = mapped_column(Money())
+    cost_cached_input: Mapped[Decimal] = mapped_column(Money())
+    cost_cache_write: Mapped[Decimal] = mapped_column(Money())
+    cost_output: Mapped[Decimal] = mapped_column(Money())
+    cost_total: Mapped[Decimal] = mapped_column(Money())
+    cost_without_cache: Mapped[Decimal] = mapped_column(Money())
+    """What the call would have cost had every prompt token been standard input."""
+    ttft_s: Mapped[float | None] = mapped_column(Float)
+    latency_s: Mapped[float | None] = mapped_column(Float)
+
+
+ROW_COLUMNS: tuple[str, ...] = tuple(c.name for c in LedgerRow.__table__.columns if c.name != "id")
+"""The columns a writer fills, in table order (id is assigned by the database)."""

@@ -1,0 +1,147 @@
+"""The ledger as the gateway core sees it: price a finished call and record it, never blocking.
+
+Lifecycle: ``start()`` opens the database (migrating SQLite, or whenever
+database.auto_migrate is set; Postgres otherwise must already be at head), writes the
+configured prices that changed, loads every price version into memory, adopts the spool
+of an earlier run and starts the writer. ``record()`` then costs a call from memory and
+queues its row; ``aclose()`` writes or spools what is queued.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from datetime import UTC, datetime
+from decimal import Decimal
+
+from prometheus_client import CollectorRegistry
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from gateway.flow import Call
+from gateway.ledger import store
+from gateway.ledger.db import DB_ERRORS, make_engine, ping
+from gateway.ledger.metrics import LedgerMetrics
+from gateway.ledger.migrate import ensure_schema
+from gateway.ledger.prices import PriceBook, PriceVersion, config_changes
+from gateway.ledger.report import GroupBy, Report, cost_report
+from gateway.ledger.rows import ledger_row
+from gateway.ledger.spool import Spool
+from gateway.ledger.writer import LedgerWriter, OnWritten
+from gateway.settings import Settings
+from gateway.stages.metering import price_usage
+
+log = logging.getLogger(__name__)
+
+
+class Ledger:
+    def __init__(
+        self,
+        settings: Settings,
+        registry: CollectorRegistry,
+        on_written: OnWritten | None = None,
+    ) -> None:
+        self._settings = settings
+        self._metrics = LedgerMetrics(registry)
+        self._on_written = on_written
+        self._book = PriceBook()
+        self._engine: AsyncEngine | None = None
+        self._spool = Spool(settings.ledger.spool_dir)
+        self._writer: LedgerWriter | None = None
+        self._refresher: asyncio.Task[None] | None = None
+
+    @property
+    def engine(self) -> AsyncEngine:
+        if self._engine is None:
+            raise RuntimeError("Ledger.start() has not run")
+        return self._engine
+
+    async def start(self) -> None:
+        db = self._settings.database
+        self._engine = make_engine(db.url, db.timeout)
+        auto = db.auto_migrate
+        if auto is None:
+            auto = self._engine.dialect.name == "sqlite"
+        await ensure_schema(self._engine, auto)
+        await self.reload_prices()
+        now = datetime.now(UTC)
+        for model, p in config_changes(self._book, self._settings.models, now):
+            prices = (p.input, p.cached_input, p.cache_write, p.output)
+            await store.add_price(self._engine, model, now, prices, "config", now)
+        await self.reload_prices()
+        self._refresher = asyncio.create_task(self._refresh_prices(), name="ledger-prices")
+        if self._settings.ledger.enabled:
+            self._spool.open()
+            self._writer = LedgerWriter(
+                self._engine, self._spool, self._settings.ledger, self._metrics, self._on_written
+            )
+            self._writer.start()
+
+    def record(self, call: Call) -> None:
+        """Price the call (fills call.cost) and queue its ledger row. Never blocks or raises."""
+        try:
+            price = self._book.at(call.model, call.received_wall)
+            call.cost = cost = price_usage(call.usage, price)
+            team = call.principal.team if call.principal else None
+            self._metrics.cost.labels(call.model or "", team or "").inc(float(cost.total))
+            if self._writer is not None:
+                self._writer.put(ledger_row(call, cost))
+        except Exception:
+            log.exception("ledger: could not record call %s", call.id)
+
+    def prices_for(self, model: str, at: float | None = None) -> PriceVersion | None:
+        """The price version in force for ``model`` at epoch ``at`` (default: now)."""
+        when = datetime.now(UTC).timestamp() if at is None else at
+        return self._book.at(model, when)
+
+    def price_history(self, model: str | None = None) -> list[PriceVersion]:
+        return self._book.history(model)
+
+    async def set_price(
+        self,
+        model: str,
+        prices: tuple[Decimal, Decimal, Decimal, Decimal],
+        effective_from: datetime | None = None,
+    ) -> PriceVersion:
+        """Add a price version (from now unless later) and start using it at once here."""
+        now = datetime.now(UTC)
+        if effective_from is not None and effective_from.tzinfo is None:
+            effective_from = effective_from.replace(tzinfo=UTC)
+        start = max(effective_from or now, now)
+        await store.add_price(self.engine, model, start, prices, "admin", now)
+        await self.reload_prices()
+        version = self._book.at(model, start.timestamp())
+        assert version is not None
+        return version
+
+    async def report(
+        self, start: datetime | None, end: datetime | None, group_by: GroupBy
+    ) -> Report:
+        return await cost_report(self.engine, start, end, group_by)
+
+    async def ready(self) -> bool:
+        return self._engine is not None and await ping(self._engine)
+
+    async def reload_prices(self) -> None:
+        self._book = PriceBook(await store.load_prices(self.engine))
+
+    async def aclose(self) -> None:
+        if self._refresher is not None:
+            self._refresher.cancel()
+            await asyncio.gather(self._refresher, return_exceptions=True)
+            self._refresher = None
+        if self._writer is not None:
+            await self._writer.aclose()
+            self._writer = None
+            self._spool.close()
+        if self._engine is not None:
+            await self._engine.dispose()
+            self._engine = None
+
+    async def _refresh_prices(self) -> None:
+        """Pick up price versions other replicas added through their admin API."""
+        while True:
+            await asyncio.sleep(self._settings.ledger.price_refresh_interval)
+            try:
+                await self.reload_prices()
+            except DB_ERRORS as exc:
+                log.warning("ledger: price refresh failed, keeping the loaded prices: %s", exc)

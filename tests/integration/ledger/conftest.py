@@ -1,0 +1,36 @@
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.integration.ledger.postgres import PrivatePostgres, scratch_database
+
+
+@pytest.fixture(params=["postgresql", "sqlite"])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """An empty ledger database: a scratch Postgres database, or a SQLite file."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path}/ledger.db"
+        return
+    with scratch_database(request.getfixturevalue("pg_server_url")) as url:
+        yield url
+
+
+@pytest.fixture
+def pg_db_url(pg_server_url: str) -> Iterator[str]:
+    with scratch_database(pg_server_url) as url:
+        yield url
+
+
+@pytest.fixture
+def private_pg() -> Iterator[PrivatePostgres]:
+    """A Postgres server of this test's own, started; the test may stop and restart it."""
+    server = PrivatePostgres()
+    try:
+        server.init()
+        server.start()
+        yield server
+    finally:
+        server.remove()

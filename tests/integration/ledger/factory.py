@@ -1,0 +1,51 @@
+"""Finished calls built by hand, as the gateway core will hand them to Ledger.record."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Any
+
+from gateway.flow import Call, Principal, Request, Route, Usage
+from gateway.settings import Settings, load_settings
+
+
+def make_call(
+    model: str = "alpha",
+    *,
+    team: str | None = "team-a",
+    key: str | None = "key-1",
+    usage: Usage | None = None,
+    stream: bool = False,
+    status: int = 200,
+    error_type: str | None = None,
+    disconnected: bool = False,
+    served_by: Any = "upstream",
+    received_wall: float | None = None,
+    backend: str = "b1",
+) -> Call:
+    call = Call(id=f"req-{uuid.uuid4().hex}", path="/v1/chat/completions")
+    if received_wall is not None:
+        call.received_wall = received_wall
+    call.principal = Principal(key_id=key, team=team)
+    call.request = Request(endpoint="chat", model=model, body={}, stream=stream)
+    call.route = Route(backend=backend, decision="hit", predicted_cached_tokens=0)
+    call.first_byte_at = call.received_at + 0.1
+    call.done_at = call.received_at + 0.5
+    call.status, call.error_type = status, error_type
+    call.disconnected, call.served_by, call.usage = disconnected, served_by, usage
+    return call
+
+
+def ledger_settings(
+    url: str, spool: Path, prices: dict[str, dict[str, str]], **ledger: Any
+) -> Settings:
+    models = [
+        {"name": name, "backends": [{"url": "http://127.0.0.1:9"}], "price": price}
+        for name, price in prices.items()
+    ]
+    return load_settings(
+        database={"url": url, "auto_migrate": True, "timeout": 2.0},
+        ledger={"spool_dir": str(spool), "flush_interval": 0.01, **ledger},
+        models=models,
+    )

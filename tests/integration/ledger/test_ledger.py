@@ -1,0 +1,222 @@
+"""A known mix of calls gives exactly the expected ledger rows and report totals.
+
+Every expected figure below is worked out by hand from the prices and token counts, on
+Postgres and on the embedded SQLite file alike.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from gateway.flow import Call, Cost, Usage
+from gateway.ledger import Ledger
+from gateway.ledger.db import make_engine
+from gateway.ledger.models import LedgerRow, Price
+from gateway.ledger.report import cost_report
+from tests.integration.ledger.factory import ledger_settings, make_call
+
+PRICES = {
+    "alpha": {"input": "0.15", "cached_input": "0.075", "output": "0.60"},
+    "beta": {"input": "3", "cached_input": "0.30", "cache_write": "3.75", "output": "15"},
+    "gamma": {"input": "0.123456789", "cached_input": "0.0123456789", "output": "0.3333333333"},
+}
+
+
+@pytest.fixture
+async def engine(db_url: str) -> AsyncIterator[AsyncEngine]:
+    engine = make_engine(db_url)
+    yield engine
+    await engine.dispose()
+
+
+def the_mix() -> list[Call]:
+    return [
+        make_call("alpha", usage=Usage(1000, 0, 200)),
+        make_call("alpha", usage=Usage(1000, 768, 50), stream=True),
+        make_call("beta", team="team-b", key="key-2", stream=True, disconnected=True,
+                  usage=Usage(333, 0, 17, estimated=True)),
+        make_call("beta", team="team-b", key="key-2", status=503,
+                  error_type="backend_unavailable"),
+        make_call("beta", team="team-b", key="key-2",
+                  usage=Usage(2000, 0, 1, cache_write_tokens=1500)),
+        make_call("gamma", key="key-3", served_by="coalesced", usage=Usage(7, 3, 1)),
+    ]  # fmt: skip
+
+
+# (input_tokens, cost_input, cost_cached_input, cost_cache_write, cost_output, total, without)
+EXPECTED_COSTS = [
+    (1000, "0.0001500000", "0", "0", "0.0001200000", "0.0002700000", "0.0002700000"),
+    (232, "0.0000348000", "0.0000576000", "0", "0.0000300000", "0.0001224000", "0.0001800000"),
+    (333, "0.0009990000", "0", "0", "0.0002550000", "0.0012540000", "0.0012540000"),
+    (0, "0", "0", "0", "0", "0", "0"),
+    (500, "0.0015000000", "0", "0.0056250000", "0.0000150000", "0.0071400000", "0.0060150000"),
+    (4, "0.0000004938", "0.0000000370", "0", "0.0000003333", "0.0000008641", "0.0000011975"),
+]
+
+TEAM_REPORT = {
+    "team-a": {
+        "requests": 3, "prompt_tokens": 2007, "input_tokens": 1236, "cached_tokens": 771,
+        "cache_write_tokens": 0, "completion_tokens": 251,
+        "cost_input": "0.0001852938", "cost_cached_input": "0.0000576370",
+        "cost_cache_write": "0.0000000000", "cost_output": "0.0001503333",
+        "cost_total": "0.0003932641", "cost_without_cache": "0.0004511975",
+        "savings": "0.0000579334",
+    },
+    "team-b": {
+        "requests": 3, "prompt_tokens": 2333, "input_tokens": 833, "cached_tokens": 0,
+        "cache_write_tokens": 1500, "completion_tokens": 18,
+        "cost_input": "0.0024990000", "cost_cached_input": "0.0000000000",
+        "cost_cache_write": "0.0056250000", "cost_output": "0.0002700000",
+        "cost_total": "0.0083940000", "cost_without_cache": "0.0072690000",
+        "savings": "-0.0011250000",
+    },
+    "TOTAL": {
+        "requests": 6, "prompt_tokens": 4340, "input_tokens": 2069, "cached_tokens": 771,
+        "cache_write_tokens": 1500, "completion_tokens": 269,
+        "cost_input": "0.0026842938", "cost_cached_input": "0.0000576370",
+        "cost_cache_write": "0.0056250000", "cost_output": "0.0004203333",
+        "cost_total": "0.0087872641", "cost_without_cache": "0.0077201975",
+        "savings": "-0.0010670666",
+    },
+}  # fmt: skip
+
+
+async def rows(engine: AsyncEngine) -> list[Any]:
+    async with engine.connect() as conn:
+        return list((await conn.execute(select(LedgerRow).order_by(LedgerRow.id))).all())
+
+
+async def price_ids(engine: AsyncEngine) -> dict[str, int]:
+    async with engine.connect() as conn:
+        return {p.model: p.id for p in (await conn.execute(select(Price))).all()}
+
+
+async def test_mix_gives_exact_rows_and_report(
+    db_url: str, engine: AsyncEngine, tmp_path: Path
+) -> None:
+    ledger = Ledger(ledger_settings(db_url, tmp_path / "spool", PRICES), CollectorRegistry())
+    await ledger.start()
+    calls = the_mix()
+    for call in calls:
+        ledger.record(call)
+    await ledger.aclose()
+
+    ids = await price_ids(engine)
+    written = await rows(engine)
+    assert [r.request_id for r in written] == [c.id for c in calls]
+    for call, row, expected in zip(calls, written, EXPECTED_COSTS, strict=True):
+        input_tokens, *money = expected
+        usage = call.usage or Usage()
+        assert (row.prompt_tokens, row.cached_tokens, row.cache_write_tokens) == (
+            usage.prompt_tokens, usage.cached_tokens, usage.cache_write_tokens)  # fmt: skip
+        assert (row.input_tokens, row.completion_tokens) == (input_tokens, usage.completion_tokens)
+        costs = (row.cost_input, row.cost_cached_input, row.cost_cache_write, row.cost_output,
+                 row.cost_total, row.cost_without_cache)  # fmt: skip
+        assert costs == tuple(Decimal(m) for m in money)
+        assert call.cost == Cost(*costs, price_id=row.price_id)
+        assert row.price_id == ids[call.model or ""]
+        assert row.ts.timestamp() == pytest.approx(call.received_wall, abs=1e-5)
+        assert call.principal is not None
+        assert (row.key_id, row.team) == (call.principal.key_id, call.principal.team)
+        assert (row.model, row.backend, row.decision) == (call.model, "b1", "hit")
+        assert (row.ttft_s, row.latency_s) == (pytest.approx(0.1), pytest.approx(0.5))
+    flags = [(r.stream, r.disconnected, r.estimated, r.status, r.error_type, r.served_by)
+             for r in written]  # fmt: skip
+    assert flags == [
+        (False, False, False, 200, None, "upstream"),
+        (True, False, False, 200, None, "upstream"),
+        (True, True, True, 200, None, "upstream"),
+        (False, False, False, 503, "backend_unavailable", "upstream"),
+        (False, False, False, 200, None, "upstream"),
+        (False, False, False, 200, None, "coalesced"),
+    ]
+
+    report = (await cost_report(engine, None, None, "team")).to_json()
+    got = {line["group"]: line for line in [*report["rows"], report["totals"]]}
+    assert {g: {k: v for k, v in line.items() if k != "group"} for g, line in got.items()} == (
+        TEAM_REPORT
+    )
+    async with engine.connect() as conn:
+        assert (await conn.execute(select(func.sum(LedgerRow.cost_total)))).scalar_one() == (
+            Decimal(TEAM_REPORT["TOTAL"]["cost_total"])
+        )
+    by_model = (await cost_report(engine, None, None, "model")).to_json()
+    assert [(r["group"], r["cost_total"]) for r in by_model["rows"]] == [
+        ("alpha", "0.0003924000"), ("beta", "0.0083940000"), ("gamma", "0.0000008641")
+    ]  # fmt: skip
+    assert by_model["totals"] == report["totals"] | {"group": "TOTAL"}
+
+
+async def test_price_change_never_reprices_the_past(
+    db_url: str, engine: AsyncEngine, tmp_path: Path
+) -> None:
+    ledger = Ledger(ledger_settings(db_url, tmp_path / "spool", PRICES), CollectorRegistry())
+    await ledger.start()
+    before = make_call("alpha", usage=Usage(1000, 0, 1000))
+    ledger.record(before)
+    old = ledger.prices_for("alpha")
+    await asyncio.sleep(0.01)  # the new version must start strictly after `before` was received
+    new = await ledger.set_price("alpha", (Decimal("0.30"), Decimal("0.03"), Decimal(0),
+                                           Decimal("1.20")))  # fmt: skip
+    after = make_call("alpha", usage=Usage(1000, 0, 1000))
+    late = make_call("alpha", usage=Usage(1000, 0, 1000), received_wall=before.received_wall)
+    ledger.record(after)
+    ledger.record(late)  # a stream that began before the change and ended after it
+    await ledger.aclose()
+
+    assert old is not None
+    assert (new.id, new.effective_from > old.effective_from) == (old.id + 3, True)
+    written = {r.request_id: r for r in await rows(engine)}
+    assert written[before.id].cost_total == Decimal("0.00075")  # 1000 * 0.15 + 1000 * 0.60
+    assert written[before.id].price_id == old.id
+    assert written[late.id].cost_total == Decimal("0.00075")
+    assert written[late.id].price_id == old.id
+    assert written[after.id].cost_total == Decimal("0.0015")  # 1000 * 0.30 + 1000 * 1.20
+    assert written[after.id].price_id == new.id
+    history = ledger.price_history("alpha")
+    assert [v.source for v in history] == ["config", "admin"]
+
+
+async def test_same_request_id_is_counted_once(
+    db_url: str, engine: AsyncEngine, tmp_path: Path
+) -> None:
+    written: list[str] = []
+    ledger = Ledger(
+        ledger_settings(db_url, tmp_path / "spool", PRICES),
+        CollectorRegistry(),
+        on_written=lambda batch: written.extend(r["request_id"] for r in batch),
+    )
+    await ledger.start()
+    call = make_call("alpha", usage=Usage(10, 0, 10))
+    ledger.record(call)
+    await ledger.aclose()
+    await ledger.start()
+    ledger.record(call)  # e.g. a retried write after a reply that never arrived
+    await ledger.aclose()
+
+    assert [r.request_id for r in await rows(engine)] == [call.id]
+    assert written == [call.id, call.id]
+
+
+async def test_config_price_synced_only_when_changed(
+    db_url: str, engine: AsyncEngine, tmp_path: Path
+) -> None:
+    for prices in (PRICES, PRICES, {"alpha": {**PRICES["alpha"], "output": "0.61"}}):
+        ledger = Ledger(ledger_settings(db_url, tmp_path / "spool", prices), CollectorRegistry())
+        await ledger.start()
+        await ledger.aclose()
+    async with engine.connect() as conn:
+        versions = (await conn.execute(select(Price.model, Price.output).order_by(Price.id))).all()
+    assert [(m, str(o)) for m, o in versions] == [
+        ("alpha", "0.6000000000"), ("beta", "15.0000000000"), ("gamma", "0.3333333333"),
+        ("alpha", "0.6100000000"),
+    ]  # fmt: skip

@@ -1,0 +1,193 @@
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gateway.flow import Request
+from gateway.settings import PrefixSettings, SettingsError
+from gateway.stages.prefix import PIECE_CHARS, PrefixHasher, load_encoding, pieces
+
+ENC = "cl100k_base"
+
+
+def chat(*messages: tuple[str, str], **extra: Any) -> Request:
+    body = {"messages": [{"role": r, "content": c} for r, c in messages], **extra}
+    return Request(endpoint="chat", model="m", body=body)
+
+
+def completion(prompt: Any) -> Request:
+    return Request(endpoint="completions", model="m", body={"prompt": prompt})
+
+
+@pytest.fixture
+def hasher() -> PrefixHasher:
+    return PrefixHasher(PrefixSettings(block_size=16))
+
+
+def test_blocks_cut_whole_blocks_only(hasher: PrefixHasher) -> None:
+    key = hasher.key(completion(list(range(40))), ENC)
+    assert key.tokens == 40
+    assert len(key.hashes) == 2
+    assert key.block_size == 16
+
+
+def test_hashes_chain_so_each_names_its_whole_prefix(hasher: PrefixHasher) -> None:
+    a = hasher.key(completion(list(range(48))), ENC).hashes
+    b = hasher.key(completion([*range(32), 999, *range(33, 48)]), ENC).hashes
+    c = hasher.key(completion([7, *range(1, 48)]), ENC).hashes
+    assert a[:2] == b[:2]
+    assert a[2] != b[2]
+    # A change in the first block changes every later hash, although those blocks agree.
+    assert all(x != y for x, y in zip(a, c, strict=True))
+
+
+def test_same_block_at_another_depth_hashes_differently(hasher: PrefixHasher) -> None:
+    hashes = hasher.key(completion([5] * 48), ENC).hashes
+    assert len(set(hashes)) == 3
+
+
+def test_keys_are_deterministic_across_hashers_and_cache_sizes() -> None:
+    req = chat(("system", "You are terse."), ("user", "Tell me about tides. " * 20))
+    cached = PrefixHasher(PrefixSettings())
+    uncached = PrefixHasher(PrefixSettings(token_cache_size=0))
+    first = cached.key(req, ENC)
+    assert cached.key(req, ENC) == first
+    assert uncached.key(req, ENC) == first
+    assert first.hashes
+    assert first.tokens >= 16 * len(first.hashes)
+
+
+def test_max_blocks_bounds_the_hashes_not_the_token_count() -> None:
+    hasher = PrefixHasher(PrefixSettings(block_size=4, max_blocks=3))
+    key = hasher.key(completion(list(range(100))), ENC)
+    assert key.tokens == 100
+    assert len(key.hashes) == 3
+
+
+def test_next_turn_repeats_this_turns_blocks_as_its_prefix(hasher: PrefixHasher) -> None:
+    turn = [
+        ("system", "You answer questions about the sea."),
+        ("user", "Why is the sea salty? " * 9),
+    ]
+    reply = (
+        "assistant",
+        "Rivers carry dissolved minerals to it, and evaporation leaves them. " * 5,
+    )
+    now = hasher.key(chat(*turn), ENC)
+    later = hasher.key(chat(*turn, reply, ("user", "And why are lakes not?")), ENC)
+    assert len(now.hashes) >= 3
+    assert later.hashes[: len(now.hashes)] == now.hashes
+    assert len(later.hashes) > len(now.hashes)
+    assert later.anchor == now.anchor
+
+
+def test_anchor_tells_conversations_apart_despite_a_shared_system_prompt(
+    hasher: PrefixHasher,
+) -> None:
+    system = ("system", "You are a helpful assistant. " * 30)
+    one = hasher.key(chat(system, ("user", "What is a tide?")), ENC)
+    two = hasher.key(chat(system, ("user", "What is a wave?")), ENC)
+    assert one.hashes[:10] == two.hashes[:10]
+    assert one.anchor != two.anchor
+
+
+def test_roles_and_message_fields_are_part_of_the_prompt(hasher: PrefixHasher) -> None:
+    text = "The same words, long enough to fill a few blocks of tokens. " * 4
+    user = hasher.key(chat(("user", text)), ENC)
+    system = hasher.key(chat(("system", text)), ENC)
+    named = hasher.key(
+        Request(
+            endpoint="chat",
+            model="m",
+            body={"messages": [{"role": "user", "content": text, "name": "ann"}]},
+        ),
+        ENC,
+    )
+    assert user.hashes[0] != system.hashes[0]
+    assert user.hashes[0] != named.hashes[0]
+
+
+def test_tools_precede_the_messages(hasher: PrefixHasher) -> None:
+    msgs = [("user", "Weather in Oslo? " * 10)]
+    tool = [{"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}]
+    assert (
+        hasher.key(chat(*msgs), ENC).hashes[0] != hasher.key(chat(*msgs, tools=tool), ENC).hashes[0]
+    )
+
+
+def test_text_parts_equal_plain_content_and_images_are_not_tokenized(hasher: PrefixHasher) -> None:
+    text = "Describe what you see in the picture below, please. " * 3
+    plain = hasher.key(chat(("user", text)), ENC)
+    parts = [{"type": "text", "text": text}]
+    as_parts = hasher.key(
+        Request(
+            endpoint="chat", model="m", body={"messages": [{"role": "user", "content": parts}]}
+        ),
+        ENC,
+    )
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64," + "QUJD" * 50_000}}
+    with_image = hasher.key(
+        Request(
+            endpoint="chat",
+            model="m",
+            body={"messages": [{"role": "user", "content": [*parts, image]}]},
+        ),
+        ENC,
+    )
+    assert as_parts == plain
+    assert with_image.hashes[: len(plain.hashes)] == plain.hashes
+    assert with_image.tokens < plain.tokens + 50
+
+
+def test_completion_prompt_forms(hasher: PrefixHasher) -> None:
+    text = "Once upon a time there was a gateway that hashed prompts. " * 3
+    single = hasher.key(completion(text), ENC)
+    assert hasher.key(completion([text, "another prompt"]), ENC) == single
+    assert single.tokens == hasher.count_tokens(text, ENC)
+    ids = hasher.key(completion([list(range(32)), [1, 2]]), ENC)
+    assert ids == hasher.key(completion(list(range(32))), ENC)
+    assert hasher.key(completion(None), ENC).tokens == 0
+
+
+def test_embeddings_input_is_hashed_like_a_prompt(hasher: PrefixHasher) -> None:
+    text = "An embedding input of some length, repeated. " * 3
+    emb = hasher.key(Request(endpoint="embeddings", model="m", body={"input": text}), ENC)
+    assert emb == hasher.key(completion(text), ENC)
+
+
+def test_count_tokens(hasher: PrefixHasher) -> None:
+    assert hasher.count_tokens("hello world", ENC) == 2
+    assert hasher.count_tokens("", ENC) == 0
+    # Special-token text in user content is ordinary text, never an error.
+    assert hasher.count_tokens("<|endoftext|>", ENC) > 1
+
+
+def test_cl100k_base_loads_offline_and_unknown_encodings_fail_clearly() -> None:
+    assert load_encoding("cl100k_base").encode_ordinary("hello world") == [15339, 1917]
+    with pytest.raises(SettingsError, match="no_such_encoding"):
+        load_encoding("no_such_encoding")
+
+
+def test_long_prompts_sharing_a_document_share_its_blocks(hasher: PrefixHasher) -> None:
+    doc = "".join(f"Paragraph {i}: the tide rises and falls twice a day.\n" for i in range(200))
+    doc += "Question: " + "to be answered briefly and exactly, please. " * 5
+    one = hasher.key(completion(doc + "Question: when is high tide?"), ENC)
+    two = hasher.key(completion(doc + "Question: what moves the tides, and how strongly?"), ENC)
+    whole_doc_blocks = hasher.count_tokens(doc, ENC) // 16
+    both = min(len(one.hashes), len(two.hashes))
+    shared = next((i for i in range(both) if one.hashes[i] != two.hashes[i]), both)
+    assert shared >= whole_doc_blocks - 1
+    assert one.hashes != two.hashes
+
+
+def test_pieces_of_a_prefix_are_a_prefix_of_the_pieces() -> None:
+    text = "".join(f"line {i} " * (i % 7 + 1) + "\n" for i in range(2000))
+    whole = pieces(text)
+    assert "".join(whole) == text
+    assert len(whole) > 5
+    assert all(len(p) >= PIECE_CHARS for p in whole[:-1])
+    for cut in (5000, 9001, len(text) - 1):
+        part = pieces(text[:cut])
+        assert part[:-1] == whole[: len(part) - 1]
+    assert pieces("no newline " * 1000) == ["no newline " * 1000]
