@@ -117,6 +117,39 @@ def test_completion_stream(
     assert usages[0].completion_tokens == 8
 
 
+def gateway_tokens(gateway_url: str) -> dict[str, float]:
+    """The gateway's own token counters by kind, summed over backends."""
+    totals = {"prompt": 0.0, "cached": 0.0, "completion": 0.0}
+    for line in httpx.get(gateway_url + "/metrics", timeout=5).text.splitlines():
+        if line.startswith("gateway_tokens_total{"):
+            kind = line.split('kind="')[1].split('"')[0]
+            totals[kind] += float(line.rsplit(" ", 1)[1])
+    return totals
+
+
+@pytest.mark.parametrize("include_usage", [True, False])
+def test_gateway_counts_the_tokens_vllm_reported(
+    client: openai.OpenAI, gateway_url: str, vllm_urls: list[str], include_usage: bool
+) -> None:
+    # Without include_usage the gateway asks vLLM for usage anyway and strips it: the
+    # counts must still be vLLM's, not an estimate from the chunks (a chunk can carry
+    # several tokens).
+    before = gateway_tokens(gateway_url)
+    stream = client.chat.completions.create(
+        model="tiny",
+        messages=MESSAGES,
+        stream=True,
+        stream_options={"include_usage": include_usage},
+        **GREEDY,
+    )
+    for _ in stream:
+        pass
+    want = direct(vllm_urls[0], "/v1/chat/completions", {"messages": MESSAGES, **GREEDY})
+    after = gateway_tokens(gateway_url)
+    assert after["prompt"] - before["prompt"] == want["usage"]["prompt_tokens"]
+    assert after["completion"] - before["completion"] == 8
+
+
 def test_multi_turn_conversation_hits_the_prefix_cache(client: openai.OpenAI) -> None:
     # A fresh system prompt of ~700 tokens, so the first turn cannot hit an old entry.
     system = f"Session {uuid.uuid4()}. " + " ".join(
