@@ -12,6 +12,7 @@ import os
 import socket
 import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -70,9 +71,15 @@ def vllm_urls(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]:
 
 
 @pytest.fixture(scope="session")
-def gateway_url(vllm_urls: list[str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def gateway_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The gateway's config, SQLite ledger (gateway.db) and spool."""
+    return tmp_path_factory.mktemp("gateway")
+
+
+@pytest.fixture(scope="session")
+def gateway_url(vllm_urls: list[str], gateway_dir: Path) -> Iterator[str]:
     """The gateway in front of both vLLM servers, as a subprocess on loopback."""
-    tmp = tmp_path_factory.mktemp("gateway")
+    tmp = gateway_dir
     config = {
         "models": [{"name": "tiny", "backends": [{"url": u} for u in vllm_urls]}],
         "database": {"url": f"sqlite:///{tmp / 'gateway.db'}"},
