@@ -26,6 +26,8 @@ access_log = logging.getLogger("gateway.access")
 MAX_ATTEMPTS = 2
 """A backend that refuses the connection costs one retry on another backend."""
 OVERHEAD_HEADER = "x-gateway-overhead-ms"
+ENDPOINTS = {path: endpoint for endpoint, path in forward.UPSTREAM_PATH.items()}
+"""Endpoint by path, to label a call whose body never parsed."""
 
 
 async def handle(call: Call, body: bytes, endpoint: Endpoint, svc: Services) -> Response:
@@ -171,7 +173,7 @@ def record_metrics(call: Call, svc: Services, spent: float | None) -> None:
     m, req = svc.metrics, call.request
     # Only configured names become label values: a client's made-up model must not.
     model = req.model if req and req.model in svc.backends.models else ""
-    endpoint = req.endpoint if req else ""
+    endpoint = req.endpoint if req else ENDPOINTS.get(call.path, "")
     m.requests.labels(model, endpoint, str(call.status), call.error_type or "").inc()
     if req is None or call.route is None:
         return
