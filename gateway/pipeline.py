@@ -126,7 +126,7 @@ def occupy(backend: Backend, svc: Services, delta: int) -> None:
     """Count a call into (1) or out of (-1) the backend's load and its in-flight gauge."""
     backend.in_flight += delta
     if svc.settings.metrics_enabled:
-        svc.metrics.in_flight.labels(backend.name).inc(delta)
+        svc.metrics.child(svc.metrics.in_flight, backend.name).inc(delta)
 
 
 def overhead(call: Call) -> float | None:
@@ -171,39 +171,38 @@ def remember(call: Call, svc: Services) -> None:
 
 def record_metrics(call: Call, svc: Services, spent: float | None) -> None:
     m, req = svc.metrics, call.request
+    c = m.child
     # Only configured names become label values: a client's made-up model must not.
     model = req.model if req and req.model in svc.backends.models else ""
     endpoint = req.endpoint if req else ENDPOINTS.get(call.path, "")
-    m.requests.labels(model, endpoint, str(call.status), call.error_type or "").inc()
+    c(m.requests, model, endpoint, str(call.status), call.error_type or "").inc()
     if req is None or call.route is None:
         return
-    labels = (model, call.route.backend, endpoint, "true" if req.stream else "false")
+    backend = call.route.backend
+    labels = (model, backend, endpoint, "true" if req.stream else "false")
     if call.route.decision != "none":
-        m.routing.labels(model, call.route.decision).inc()
+        c(m.routing, model, call.route.decision).inc()
     if call.served_by != "upstream":
-        m.batched.labels(model, endpoint, call.served_by).inc()
+        c(m.batched, model, endpoint, call.served_by).inc()
     if spent is not None:
-        m.overhead.labels(*labels).observe(spent)
+        c(m.overhead, *labels).observe(spent)
     if call.latency is not None:
-        m.e2e.labels(*labels).observe(call.latency)
+        c(m.e2e, *labels).observe(call.latency)
     if req.stream and call.ttft is not None:
-        m.ttft.labels(*labels).observe(call.ttft)
+        c(m.ttft, *labels).observe(call.ttft)
     if call.disconnected:
-        m.disconnects.labels(model, endpoint).inc()
+        c(m.disconnects, model, endpoint).inc()
     u = call.usage
     if u is None:
         return
     if req.stream and call.first_byte_at and call.done_at and u.completion_tokens > 1:
-        m.tpot.labels(*labels).observe(
-            (call.done_at - call.first_byte_at) / (u.completion_tokens - 1)
-        )
-    tokens = m.tokens
-    tokens.labels(model, call.route.backend, "prompt").inc(u.prompt_tokens)
-    tokens.labels(model, call.route.backend, "cached").inc(u.cached_tokens)
-    tokens.labels(model, call.route.backend, "completion").inc(u.completion_tokens)
+        c(m.tpot, *labels).observe((call.done_at - call.first_byte_at) / (u.completion_tokens - 1))
+    c(m.tokens, model, backend, "prompt").inc(u.prompt_tokens)
+    c(m.tokens, model, backend, "cached").inc(u.cached_tokens)
+    c(m.tokens, model, backend, "completion").inc(u.completion_tokens)
     if not u.estimated:
-        m.predicted_cached.labels(model).inc(call.route.predicted_cached_tokens)
-        m.reported_cached.labels(model).inc(u.cached_tokens)
+        c(m.predicted_cached, model).inc(call.route.predicted_cached_tokens)
+        c(m.reported_cached, model).inc(u.cached_tokens)
 
 
 def log_access(call: Call, spent: float | None) -> None:
