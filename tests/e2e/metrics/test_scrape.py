@@ -79,6 +79,8 @@ def test_routing_connections_and_backend_gauges(
         assert got.total("gateway_backend_in_flight_requests", backend=backend) == 0
     # Connections are pooled: opened at least once, far fewer times than calls were made.
     opened = got.total("gateway_upstream_connect_seconds_count")
+    connected = {dict(k)["backend"] for k in got.values("gateway_upstream_connect_seconds_count")}
+    assert connected <= backends
     assert 1 <= opened < exp.dispatched
     assert got.total("gateway_prefix_index_handles") > 0
     assert got.total("gateway_upstream_retries_total") == 0
