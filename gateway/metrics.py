@@ -118,6 +118,13 @@ class GatewayMetrics:
             ["model"],
             registry=registry,
         )
+        self.prediction = Counter(
+            "gateway_cache_predictions_total",
+            "Calls by how the index's predicted cached share of the prompt compared with the "
+            "backend's reported share: accurate (within 0.1), over, under.",
+            ["model", "outcome"],
+            registry=registry,
+        )
         self.disconnects = Counter(
             "gateway_client_disconnects_total",
             "Calls whose client went away before the answer was complete.",

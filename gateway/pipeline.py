@@ -17,6 +17,7 @@ from starlette.responses import Response
 from gateway.backends import Backend, Model
 from gateway.errors import GatewayError
 from gateway.flow import Call, Endpoint, Route
+from gateway.index import feedback
 from gateway.services import Services
 from gateway.stages import forward, parse, usage
 from gateway.stages.forward import EventScanner, StreamRelay, Unreachable
@@ -114,6 +115,7 @@ def finish(call: Call, svc: Services, scanner: EventScanner | None = None) -> fl
         occupy(svc.backends.backends[call.route.backend], svc, -1)
         if call.usage is None:
             call.usage = estimate_usage(call, scanner, svc)
+        learn(call, svc)
     svc.ledger.record(call)
     spent = overhead(call)
     if svc.settings.metrics_enabled:
@@ -167,6 +169,35 @@ def remember(call: Call, svc: Services) -> None:
     """
     if call.prefix is not None and call.prefix.hashes and call.route and call.request:
         svc.index.record(call.request.model, call.route.backend, call.prefix.hashes)
+
+
+def learn(call: Call, svc: Services) -> None:
+    """Correct the index with what the backend reported, and score the prediction."""
+    key, route, u = call.prefix, call.route, call.usage
+    if key is None or not key.hashes or route is None or call.request is None or u is None:
+        return
+    prefilled = not u.estimated or call.first_byte_at is not None
+    fb = feedback.observe(
+        svc.index,
+        call.request.model,
+        route.backend,
+        key,
+        route.matched_blocks,
+        u.cached_tokens if prefilled else None,
+        (u.prompt_tokens or key.tokens) if prefilled else None,
+    )
+    if fb.reported and not u.estimated and svc.settings.metrics_enabled:
+        predicted = route.predicted_cached_tokens / max(key.tokens, 1)
+        reported = u.cached_tokens / max(u.prompt_tokens, 1)
+        m = svc.metrics
+        m.child(m.prediction, call.request.model, accuracy(predicted, reported)).inc()
+
+
+def accuracy(predicted_share: float, reported_share: float) -> str:
+    """Within 0.1 of the backend's cached share is accurate; otherwise over or under."""
+    if abs(predicted_share - reported_share) <= 0.1:
+        return "accurate"
+    return "over" if predicted_share > reported_share else "under"
 
 
 def record_metrics(call: Call, svc: Services, spent: float | None) -> None:

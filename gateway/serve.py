@@ -9,8 +9,7 @@ import shutil
 import sys
 import tempfile
 
-from fastapi import FastAPI
-
+from gateway.api.openai import ProxyEndpoints
 from gateway.app import create_app
 from gateway.settings import Settings, SettingsError, load_settings
 
@@ -66,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def worker_app() -> FastAPI:
+def worker_app() -> ProxyEndpoints:
     settings = load_settings(os.environ.get(CONFIG_ENV) or None)
     configure_logging(settings)
     return create_app(settings)

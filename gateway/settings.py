@@ -78,8 +78,8 @@ class PrefixSettings(Section):
     block_size: int = Field(16, ge=1)
     max_blocks: int = Field(2048, ge=1)
     """Prompts longer than block_size * max_blocks are hashed only up to that point."""
-    message_cache_size: int = Field(8192, ge=0)
-    """Tokenized chat messages kept (LRU): multi-turn calls resend the same messages."""
+    token_cache_size: int = Field(8192, ge=0)
+    """Tokenized pieces of prompt text kept (LRU): multi-turn calls resend their history."""
 
 
 class RoutingSettings(Section):
@@ -104,6 +104,8 @@ class RedisSettings(Section):
     """None: the in-process index and limits (the embedded default)."""
     key_prefix: str = "gw:"
     timeout: float = 0.05
+    cluster: bool = False
+    """The URL names a node of a Redis Cluster."""
     probe_interval: float = 1.0
     """While Redis is failing, how often the index probes it to recover."""
     queue_size: int = Field(10000, ge=1)

@@ -1,4 +1,4 @@
-"""The pipeline's accounting helpers: the access log line and the overhead figure."""
+"""The pipeline's accounting helpers: access log line, overhead, prediction scoring."""
 
 from __future__ import annotations
 
@@ -71,3 +71,18 @@ def test_overhead_of_a_whole_body_adds_the_time_after_it_arrived() -> None:
     call.dispatched_at = None
     assert pipeline.overhead(call) is None
     assert pipeline.milliseconds(0.0012341) == "1.234"
+
+
+@pytest.mark.parametrize(
+    ("predicted", "reported", "outcome"),
+    [
+        (0.9, 0.85, "accurate"),
+        (0.0, 0.1, "accurate"),
+        (0.9, 0.5, "over"),
+        (0.0, 0.6, "under"),
+    ],
+)
+def test_prediction_accuracy_compares_shares(
+    predicted: float, reported: float, outcome: str
+) -> None:
+    assert pipeline.accuracy(predicted, reported) == outcome
