@@ -128,7 +128,7 @@ def occupy(backend: Backend, svc: Services, delta: int) -> None:
     """Count a call into (1) or out of (-1) the backend's load and its in-flight gauge."""
     backend.in_flight += delta
     if svc.settings.metrics_enabled:
-        svc.metrics.child(svc.metrics.in_flight, backend.name).inc(delta)
+        svc.metrics.count_in_flight(backend.name, delta)
 
 
 def overhead(call: Call) -> float | None:
@@ -202,38 +202,36 @@ def accuracy(predicted_share: float, reported_share: float) -> str:
 
 def record_metrics(call: Call, svc: Services, spent: float | None) -> None:
     m, req = svc.metrics, call.request
-    c = m.child
     # Only configured names become label values: a client's made-up model must not.
     model = req.model if req and req.model in svc.backends.models else ""
     endpoint = req.endpoint if req else ENDPOINTS.get(call.path, "")
-    c(m.requests, model, endpoint, str(call.status), call.error_type or "").inc()
+    m.child(m.requests, model, endpoint, str(call.status), call.error_type or "").inc()
     if req is None or call.route is None:
         return
-    backend = call.route.backend
-    labels = (model, backend, endpoint, "true" if req.stream else "false")
-    if call.route.decision != "none":
-        c(m.routing, model, call.route.decision).inc()
+    route, u = call.route, call.usage
+    s = m.series(model, route.backend, endpoint, "true" if req.stream else "false")
+    if route.decision != "none":
+        m.child(m.routing, model, route.decision).inc()
     if call.served_by != "upstream":
-        c(m.batched, model, endpoint, call.served_by).inc()
-    if spent is not None:
-        c(m.overhead, *labels).observe(spent)
-    if call.latency is not None:
-        c(m.e2e, *labels).observe(call.latency)
-    if req.stream and call.ttft is not None:
-        c(m.ttft, *labels).observe(call.ttft)
+        m.child(m.batched, model, endpoint, call.served_by).inc()
     if call.disconnected:
-        c(m.disconnects, model, endpoint).inc()
-    u = call.usage
+        m.child(m.disconnects, model, endpoint).inc()
+    if spent is not None:
+        s.overhead.observe(spent)
+    if call.latency is not None:
+        s.e2e.observe(call.latency)
+    if req.stream and call.ttft is not None:
+        s.ttft.observe(call.ttft)
     if u is None:
         return
     if req.stream and call.first_byte_at and call.done_at and u.completion_tokens > 1:
-        c(m.tpot, *labels).observe((call.done_at - call.first_byte_at) / (u.completion_tokens - 1))
-    c(m.tokens, model, backend, "prompt").inc(u.prompt_tokens)
-    c(m.tokens, model, backend, "cached").inc(u.cached_tokens)
-    c(m.tokens, model, backend, "completion").inc(u.completion_tokens)
+        s.tpot.observe((call.done_at - call.first_byte_at) / (u.completion_tokens - 1))
+    s.prompt.inc(u.prompt_tokens)
+    s.cached.inc(u.cached_tokens)
+    s.completion.inc(u.completion_tokens)
     if not u.estimated:
-        c(m.predicted_cached, model).inc(call.route.predicted_cached_tokens)
-        c(m.reported_cached, model).inc(u.cached_tokens)
+        s.predicted_cached.inc(route.predicted_cached_tokens)
+        s.reported_cached.inc(u.cached_tokens)
 
 
 def log_access(call: Call, spent: float | None) -> None:

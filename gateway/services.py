@@ -44,7 +44,7 @@ class Services:
             if settings.embedded:
                 settings = await stack.enter_async_context(embedded_backend(settings))
             registry = CollectorRegistry(auto_describe=True)
-            metrics = GatewayMetrics(registry)
+            metrics = GatewayMetrics(registry, settings.metrics_multiproc_dir is not None)
             prefix = PrefixHasher(settings.prefix)
             for model in settings.models:
                 prefix.encoding(model.encoding)  # a bad encoding fails the start, not a call
