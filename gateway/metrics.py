@@ -8,6 +8,7 @@ panels line up in Grafana.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +16,7 @@ from typing import TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.metrics import MetricWrapperBase
-from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 
 M = TypeVar("M", bound=MetricWrapperBase)
 
@@ -240,3 +241,9 @@ def render(registry: CollectorRegistry, multiproc_dir: Path | None) -> bytes:
     merged = CollectorRegistry()
     MultiProcessCollector(merged, path=str(multiproc_dir))
     return generate_latest(merged)
+
+
+def release_process(multiproc_dir: Path) -> None:
+    """A worker that stops takes its live gauges (in flight, health, ledger queue) out of
+    the merged view; its counters stay, so totals never go backwards."""
+    mark_process_dead(os.getpid(), str(multiproc_dir))
