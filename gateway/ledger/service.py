@@ -42,6 +42,7 @@ class Ledger:
     ) -> None:
         self._settings = settings
         self._metrics = LedgerMetrics(registry)
+        self._models = frozenset(m.name for m in settings.models)
         self._on_written = on_written
         self._book = PriceBook()
         self._engine: AsyncEngine | None = None
@@ -88,7 +89,8 @@ class Ledger:
             price = self._book.at(call.model, call.received_wall)
             call.cost = cost = price_usage(call.usage, price)
             team = call.principal.team if call.principal else None
-            self._metrics.add_cost(call.model or "", team or "", float(cost.total))
+            if call.model in self._models:  # a client's made-up name is no label value
+                self._metrics.add_cost(call.model or "", team or "", float(cost.total))
             if self._writer is not None:
                 self._writer.put(ledger_row(call, cost))
         except Exception:
