@@ -104,6 +104,8 @@ class RedisSettings(Section):
     """None: the in-process index and limits (the embedded default)."""
     key_prefix: str = "gw:"
     timeout: float = 0.05
+    cluster: bool = False
+    """The URL names a node of a Redis Cluster."""
     probe_interval: float = 1.0
     """While Redis is failing, how often the index probes it to recover."""
     queue_size: int = Field(10000, ge=1)
@@ -135,7 +137,11 @@ class AuthSettings(Section):
     """None: on when a database other than the embedded SQLite file is configured."""
     admin_key: str | None = None
     pepper: str = ""
+    """HMAC key for stored API-key hashes; changing it invalidates every issued key."""
     cache_ttl: float = 5.0
+    """Seconds a key lookup (found or not) is trusted: how long a disabled key keeps working."""
+    cache_size: int = Field(100_000, ge=1)
+    """Key lookups remembered (least recently used beyond it are forgotten)."""
 
 
 class BatchingSettings(Section):
