@@ -13,6 +13,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from gateway.api import admin, openai, ops
+from gateway.api.openai import ProxyEndpoints, error_response
 from gateway.errors import GatewayError, InvalidRequest, NotFound
 from gateway.services import Services
 from gateway.settings import Settings
@@ -20,7 +21,7 @@ from gateway.settings import Settings
 log = logging.getLogger(__name__)
 
 
-def create_app(settings: Settings) -> FastAPI:
+def create_app(settings: Settings) -> ProxyEndpoints:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with Services.open(settings) as services:
@@ -41,16 +42,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.add_exception_handler(HTTPException, _http_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(Exception, _unexpected_error)
-    return app
-
-
-def error_response(exc: GatewayError) -> Response:
-    return Response(
-        exc.json(),
-        status_code=exc.status,
-        media_type=getattr(exc, "content_type", "application/json"),
-        headers=exc.headers,
-    )
+    return ProxyEndpoints(app)
 
 
 async def _gateway_error(request: Request, exc: Exception) -> Response:

@@ -76,8 +76,8 @@ class BackendPool:
                 model.backends.append(backend)
             self.models[m.name] = model
         for backend in self.backends.values():
-            metrics.in_flight.labels(backend.name).set_function(lambda b=backend: b.in_flight)
-            metrics.healthy.labels(backend.name).set_function(lambda b=backend: int(b.healthy))
+            metrics.in_flight.labels(backend.name).set(0)
+            metrics.healthy.labels(backend.name).set(int(backend.healthy))
         self._tasks: list[asyncio.Task[None]] = []
         self._session: aiohttp.ClientSession | None = None
 
@@ -136,12 +136,14 @@ class BackendPool:
         if ok != backend.healthy:
             log.warning("backend %s is now %s", backend.name, "healthy" if ok else "unhealthy")
         backend.healthy = ok
+        self._metrics.healthy.labels(backend.name).set(int(ok))
 
     def mark_unreachable(self, backend: Backend) -> None:
         """A connection failure takes the backend out until the next good probe."""
         if backend.healthy:
             log.warning("backend %s unreachable: marked unhealthy", backend.name)
         backend.healthy = False
+        self._metrics.healthy.labels(backend.name).set(0)
 
     async def scrape_load(self) -> None:
         await asyncio.gather(*(self._scrape(b) for b in self.backends.values() if b.healthy))

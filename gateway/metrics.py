@@ -8,7 +8,10 @@ panels line up in Grafana.
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
 
 # vLLM's bucket boundaries (vllm/v1/metrics/loggers.py), so the panels line up.
 TTFT_BUCKETS = (
@@ -26,10 +29,20 @@ E2E_BUCKETS = (
 OVERHEAD_BUCKETS = (
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
 )  # fmt: skip
+CONNECT_BUCKETS = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+    1.0, 2.5, 5.0,
+)  # fmt: skip
 
 
 class GatewayMetrics:
-    """Every metric the request path records, created once per app on its registry."""
+    """Every metric the gateway records, created once per app on its registry.
+
+    Gauges name a ``multiprocess_mode`` for `gateway serve --workers N`, where each worker
+    writes its own values and a scrape merges them: in-flight counts add up, a backend
+    counts as healthy only if every worker sees it so, and the index size is the last
+    one measured. Nothing uses ``set_function``, whose callback no other process can see.
+    """
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
@@ -63,9 +76,17 @@ class GatewayMetrics:
         )
         self.overhead = Histogram(
             "gateway_overhead_seconds",
-            "Time the gateway spent on a call before dispatching it upstream.",
-            ["endpoint"],
+            "Time spent in the gateway itself: before dispatch, plus after the whole body "
+            "arrived for a non-streamed call (also sent as x-gateway-overhead-ms).",
+            call,
             buckets=OVERHEAD_BUCKETS,
+            registry=registry,
+        )
+        self.connect = Histogram(
+            "gateway_upstream_connect_seconds",
+            "Time to open a new connection to a backend (reused connections are not counted).",
+            ["backend"],
+            buckets=CONNECT_BUCKETS,
             registry=registry,
         )
         self.tokens = Counter(
@@ -92,6 +113,13 @@ class GatewayMetrics:
             ["model"],
             registry=registry,
         )
+        self.prediction = Counter(
+            "gateway_cache_predictions_total",
+            "Calls by how the index's predicted cached share of the prompt compared with the "
+            "backend's reported share: accurate (within 0.1), over, under.",
+            ["model", "outcome"],
+            registry=registry,
+        )
         self.disconnects = Counter(
             "gateway_client_disconnects_total",
             "Calls whose client went away before the answer was complete.",
@@ -104,15 +132,40 @@ class GatewayMetrics:
             ["model"],
             registry=registry,
         )
+        self.batched = Counter(
+            "gateway_batched_requests_total",
+            "Calls answered without an upstream call of their own: coalesced onto an "
+            "identical call, sent in a micro-batch, or held for a warm prefix.",
+            ["model", "endpoint", "mechanism"],
+            registry=registry,
+        )
         self.in_flight = Gauge(
             "gateway_backend_in_flight_requests",
             "Calls in flight per backend.",
             ["backend"],
             registry=registry,
+            multiprocess_mode="livesum",
         )
         self.healthy = Gauge(
             "gateway_backend_healthy",
             "1 when the backend passes its health check.",
             ["backend"],
             registry=registry,
+            multiprocess_mode="livemin",
         )
+        self.index_size = Gauge(
+            "gateway_prefix_index_handles",
+            "Live prefill-state handles in the prefix index, measured at scrape time.",
+            registry=registry,
+            multiprocess_mode="mostrecent",
+        )
+
+
+def render(registry: CollectorRegistry, multiproc_dir: Path | None) -> bytes:
+    """The exposition text. With several workers, every worker's values merged from the
+    shared directory, so whichever worker answers the scrape reports the same totals."""
+    if multiproc_dir is None:
+        return generate_latest(registry)
+    merged = CollectorRegistry()
+    MultiProcessCollector(merged, path=str(multiproc_dir))
+    return generate_latest(merged)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+from datetime import UTC, datetime
 
 import aiohttp
 import orjson
@@ -16,6 +17,7 @@ from starlette.responses import Response
 from gateway.backends import Backend, Model
 from gateway.errors import GatewayError
 from gateway.flow import Call, Endpoint, Route
+from gateway.index import feedback
 from gateway.services import Services
 from gateway.stages import auth, forward, limits, parse, usage
 from gateway.stages.forward import EventScanner, StreamRelay, Unreachable
@@ -24,6 +26,7 @@ access_log = logging.getLogger("gateway.access")
 
 MAX_ATTEMPTS = 2
 """A backend that refuses the connection costs one retry on another backend."""
+OVERHEAD_HEADER = "x-gateway-overhead-ms"
 
 
 async def handle(call: Call, body: bytes, endpoint: Endpoint, svc: Services) -> Response:
@@ -42,6 +45,7 @@ async def handle(call: Call, body: bytes, endpoint: Endpoint, svc: Services) -> 
         if call.quota is not None:
             headers.update(call.quota.headers)
         if call.request.stream:
+            headers[OVERHEAD_HEADER] = milliseconds(overhead(call))
             scanner = EventScanner(call, strip_usage=not call.request.include_usage)
             return StreamRelay(call, upstream, scanner, lambda c, s: finish(c, svc, s), headers)
         raw = await forward.read_body(upstream, backend)
@@ -52,7 +56,7 @@ async def handle(call: Call, body: bytes, endpoint: Endpoint, svc: Services) -> 
         raise
     call.done_at = time.perf_counter()
     call.usage = usage.from_body(raw)
-    finish(call, svc)
+    headers[OVERHEAD_HEADER] = milliseconds(finish(call, svc))
     return Response(raw, media_type="application/json", headers=headers)
 
 
@@ -65,11 +69,11 @@ async def dispatch(
         call.route = await route(call, model, svc, tried)
         backend = svc.backends.backends[call.route.backend]
         call.dispatched_at = time.perf_counter()
-        backend.in_flight += 1
+        occupy(backend, svc, 1)
         try:
             upstream = await svc.upstream.send(call, backend, payload)
         except GatewayError as exc:
-            backend.in_flight -= 1
+            occupy(backend, svc, -1)
             call.dispatched_at = None
             if not isinstance(exc, Unreachable):
                 raise
@@ -103,18 +107,50 @@ async def route(call: Call, model: Model, svc: Services, exclude: set[str]) -> R
     )
 
 
-def finish(call: Call, svc: Services, scanner: EventScanner | None = None) -> None:
-    """Account for a finished call. Never raises: the client's answer is already decided."""
+def finish(call: Call, svc: Services, scanner: EventScanner | None = None) -> float | None:
+    """Account for a finished call; returns the gateway's overhead on it (seconds).
+
+    Never raises: the client's answer is already decided.
+    """
     if call.done_at is None:
         call.done_at = time.perf_counter()
     if call.route is not None and call.dispatched_at is not None:
-        svc.backends.backends[call.route.backend].in_flight -= 1
+        occupy(svc.backends.backends[call.route.backend], svc, -1)
         if call.usage is None:
             call.usage = estimate_usage(call, scanner, svc)
+        learn(call, svc)
     svc.ledger.record(call)
     limits.settle(call, svc.limits)
-    record_metrics(call, svc)
-    log_access(call)
+    spent = overhead(call)
+    if svc.settings.metrics_enabled:
+        record_metrics(call, svc, spent)
+    log_access(call, spent)
+    return spent
+
+
+def occupy(backend: Backend, svc: Services, delta: int) -> None:
+    """Count a call into (1) or out of (-1) the backend's load and its in-flight gauge."""
+    backend.in_flight += delta
+    if svc.settings.metrics_enabled:
+        svc.metrics.in_flight.labels(backend.name).inc(delta)
+
+
+def overhead(call: Call) -> float | None:
+    """Seconds spent in the gateway itself rather than waiting on the backend.
+
+    The time before dispatch, and for a whole-body answer also the time from its arrival
+    until now. A stream's relay of each chunk is not counted: its header went out first.
+    """
+    if call.dispatched_at is None:
+        return None
+    spent = call.dispatched_at - call.received_at
+    if call.request is not None and not call.request.stream and call.done_at is not None:
+        spent += time.perf_counter() - call.done_at
+    return spent
+
+
+def milliseconds(seconds: float | None) -> str:
+    return f"{seconds * 1000:.3f}" if seconds is not None else ""
 
 
 def estimate_usage(call: Call, scanner: EventScanner | None, svc: Services) -> usage.Usage:
@@ -139,9 +175,38 @@ def remember(call: Call, svc: Services) -> None:
         svc.index.record(call.request.model, call.route.backend, call.prefix.hashes)
 
 
-def record_metrics(call: Call, svc: Services) -> None:
+def learn(call: Call, svc: Services) -> None:
+    """Correct the index with what the backend reported, and score the prediction."""
+    key, route, u = call.prefix, call.route, call.usage
+    if key is None or not key.hashes or route is None or call.request is None or u is None:
+        return
+    prefilled = not u.estimated or call.first_byte_at is not None
+    fb = feedback.observe(
+        svc.index,
+        call.request.model,
+        route.backend,
+        key,
+        route.matched_blocks,
+        u.cached_tokens if prefilled else None,
+        (u.prompt_tokens or key.tokens) if prefilled else None,
+    )
+    if fb.reported and not u.estimated and svc.settings.metrics_enabled:
+        predicted = route.predicted_cached_tokens / max(key.tokens, 1)
+        reported = u.cached_tokens / max(u.prompt_tokens, 1)
+        svc.metrics.prediction.labels(call.request.model, accuracy(predicted, reported)).inc()
+
+
+def accuracy(predicted_share: float, reported_share: float) -> str:
+    """Within 0.1 of the backend's cached share is accurate; otherwise over or under."""
+    if abs(predicted_share - reported_share) <= 0.1:
+        return "accurate"
+    return "over" if predicted_share > reported_share else "under"
+
+
+def record_metrics(call: Call, svc: Services, spent: float | None) -> None:
     m, req = svc.metrics, call.request
-    model = req.model if req else ""
+    # Only configured names become label values: a client's made-up model must not.
+    model = req.model if req and req.model in svc.backends.models else ""
     endpoint = req.endpoint if req else ""
     m.requests.labels(model, endpoint, str(call.status), call.error_type or "").inc()
     if req is None or call.route is None:
@@ -149,8 +214,10 @@ def record_metrics(call: Call, svc: Services) -> None:
     labels = (model, call.route.backend, endpoint, "true" if req.stream else "false")
     if call.route.decision != "none":
         m.routing.labels(model, call.route.decision).inc()
-    if call.dispatched_at is not None:
-        m.overhead.labels(endpoint).observe(call.dispatched_at - call.received_at)
+    if call.served_by != "upstream":
+        m.batched.labels(model, endpoint, call.served_by).inc()
+    if spent is not None:
+        m.overhead.labels(*labels).observe(spent)
     if call.latency is not None:
         m.e2e.labels(*labels).observe(call.latency)
     if req.stream and call.ttft is not None:
@@ -173,13 +240,16 @@ def record_metrics(call: Call, svc: Services) -> None:
         m.reported_cached.labels(model).inc(u.cached_tokens)
 
 
-def log_access(call: Call) -> None:
+def log_access(call: Call, spent: float | None) -> None:
+    """One JSON line per call: the key's id, never the key; never the prompt."""
     if not access_log.isEnabledFor(logging.INFO):
         return
     u, cost = call.usage, call.cost
     line = {
+        "ts": datetime.fromtimestamp(call.received_wall, UTC).isoformat(timespec="milliseconds"),
         "request_id": call.id,
         "key_id": call.principal.key_id if call.principal else None,
+        "team": call.principal.team if call.principal else None,
         "model": call.model,
         "endpoint": call.request.endpoint if call.request else None,
         "backend": call.route.backend if call.route else None,
@@ -193,7 +263,9 @@ def log_access(call: Call) -> None:
         "estimated": u.estimated if u else None,
         "ttft_ms": round(call.ttft * 1000, 2) if call.ttft is not None else None,
         "latency_ms": round(call.latency * 1000, 2) if call.latency is not None else None,
+        "overhead_ms": round(spent * 1000, 3) if spent is not None else None,
         "cost_usd": str(cost.total) if cost else None,
         "disconnected": call.disconnected,
+        "served_by": call.served_by,
     }
     access_log.info(orjson.dumps(line).decode())

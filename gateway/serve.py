@@ -5,15 +5,18 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shutil
 import sys
+import tempfile
 
-from fastapi import FastAPI
-
+from gateway.api.openai import ProxyEndpoints
 from gateway.app import create_app
 from gateway.settings import Settings, SettingsError, load_settings
 
 CONFIG_ENV = "GATEWAY_CONFIG_FILE"
 """How worker processes learn the config file the parent was given."""
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+"""Where prometheus_client keeps each worker's metric values (read at its import)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -50,14 +53,19 @@ def run(args: argparse.Namespace) -> int:
         os.environ[CONFIG_ENV] = args.config or ""
         os.environ["GATEWAY_SERVER__PORT"] = str(settings.server.port)
         os.environ["GATEWAY_SERVER__HOST"] = settings.server.host
-        uvicorn.run("gateway.serve:worker_app", factory=True, workers=settings.server.workers,
-                    **options)  # fmt: skip
+        # A fresh directory per run: files left by an earlier run would be counted again.
+        os.environ[MULTIPROC_ENV] = metrics_dir = tempfile.mkdtemp(prefix="gateway-metrics-")
+        try:
+            uvicorn.run("gateway.serve:worker_app", factory=True,
+                        workers=settings.server.workers, **options)  # fmt: skip
+        finally:
+            shutil.rmtree(metrics_dir, ignore_errors=True)
     else:
         uvicorn.run(create_app(settings), **options)
     return 0
 
 
-def worker_app() -> FastAPI:
+def worker_app() -> ProxyEndpoints:
     settings = load_settings(os.environ.get(CONFIG_ENV) or None)
     configure_logging(settings)
     return create_app(settings)
@@ -71,3 +79,8 @@ def configure_logging(settings: Settings) -> None:
     )
     access = logging.getLogger("gateway.access")
     access.setLevel(logging.INFO if settings.server.access_log else logging.WARNING)
+    # Access lines are JSON objects on their own, one per line, for log shippers.
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    access.handlers = [handler]
+    access.propagate = False

@@ -67,7 +67,7 @@ class Services:
             index = open_index(settings)
             await index.start()
             stack.push_async_callback(index.aclose)
-            upstream = Upstream(settings.upstream)
+            upstream = Upstream(settings.upstream, metrics if settings.metrics_enabled else None)
             await upstream.start()
             stack.push_async_callback(upstream.aclose)
             backends = BackendPool(settings.models, settings.upstream, metrics)

@@ -78,8 +78,8 @@ class PrefixSettings(Section):
     block_size: int = Field(16, ge=1)
     max_blocks: int = Field(2048, ge=1)
     """Prompts longer than block_size * max_blocks are hashed only up to that point."""
-    message_cache_size: int = Field(8192, ge=0)
-    """Tokenized chat messages kept (LRU): multi-turn calls resend the same messages."""
+    token_cache_size: int = Field(8192, ge=0)
+    """Tokenized pieces of prompt text kept (LRU): multi-turn calls resend their history."""
 
 
 class RoutingSettings(Section):
@@ -179,6 +179,10 @@ class Settings(BaseSettings):
     batching: BatchingSettings = BatchingSettings()
     sim: SimSettings = SimSettings()
     metrics_enabled: bool = True
+    """Off: the request path records no metrics (ops gauges and the ledger's still do)."""
+    metrics_multiproc_dir: Path | None = Field(None, validation_alias="PROMETHEUS_MULTIPROC_DIR")
+    """Set (by `gateway serve --workers N`) when several worker processes share one port:
+    prometheus_client writes every worker's values there and /metrics merges them."""
 
     @model_validator(mode="after")
     def _unique_models(self) -> Settings:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import orjson
 from fastapi import APIRouter
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.responses import Response
 
 from gateway.api.openai import ServicesDep
+from gateway.metrics import render
 
 router = APIRouter()
 
@@ -30,4 +31,7 @@ async def ready(svc: ServicesDep) -> Response:
 
 @router.get("/metrics")
 async def metrics(svc: ServicesDep) -> Response:
-    return Response(generate_latest(svc.registry), media_type=CONTENT_TYPE_LATEST)
+    """Prometheus exposition; the index is measured here, off the request path."""
+    svc.metrics.index_size.set(await svc.index.size())
+    text = render(svc.registry, svc.settings.metrics_multiproc_dir)
+    return Response(text, media_type=CONTENT_TYPE_LATEST)

@@ -1,4 +1,8 @@
-"""The ledger's Prometheus metrics, on the registry the app injects."""
+"""The ledger's Prometheus metrics, on the registry the app injects.
+
+Each worker process has its own queue and spool file: with several workers a scrape adds
+them up, and the lag is the worst worker's.
+"""
 
 from __future__ import annotations
 
@@ -17,11 +21,13 @@ class LedgerMetrics:
             "gateway_ledger_queue_depth",
             "Ledger rows waiting in memory for the writer.",
             registry=registry,
+            multiprocess_mode="livesum",
         )
         self.spool_rows = Gauge(
             "gateway_ledger_spool_rows",
             "Ledger rows waiting in the local spool for the database to come back.",
             registry=registry,
+            multiprocess_mode="livesum",
         )
         self.rows_written = Counter(
             "gateway_ledger_rows_written",
@@ -37,4 +43,5 @@ class LedgerMetrics:
             "gateway_ledger_lag_seconds",
             "Seconds from a call's end to its row's commit, for the last batch written.",
             registry=registry,
+            multiprocess_mode="livemax",
         )

@@ -28,4 +28,5 @@ class LimitMetrics:
             "gateway_limits_degraded",
             "1 while Redis fails and limits are not enforced.",
             registry=registry,
+            multiprocess_mode="livemax",
         )

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
+from types import SimpleNamespace
 from typing import Any
 
 import aiohttp
@@ -21,6 +22,7 @@ from starlette.types import Receive, Scope, Send
 from gateway.backends import Backend
 from gateway.errors import BackendUnavailable, BadGateway, GatewayTimeout, UpstreamError
 from gateway.flow import Call, Request
+from gateway.metrics import GatewayMetrics
 from gateway.settings import UpstreamSettings
 from gateway.stages import usage
 
@@ -40,13 +42,16 @@ class Unreachable(BackendUnavailable):
 class Upstream:
     """One long-lived, pooled HTTP client for every backend call."""
 
-    def __init__(self, settings: UpstreamSettings) -> None:
+    def __init__(self, settings: UpstreamSettings, metrics: GatewayMetrics | None = None) -> None:
+        """With metrics, the time to open each new connection is recorded per backend."""
         self._settings = settings
+        self._metrics = metrics
         self._session: aiohttp.ClientSession | None = None
 
     async def start(self) -> None:
         s = self._settings
         self._session = aiohttp.ClientSession(
+            trace_configs=[self._connect_trace()] if self._metrics else None,
             connector=aiohttp.TCPConnector(limit=s.max_connections, limit_per_host=0),
             timeout=aiohttp.ClientTimeout(
                 total=None, sock_connect=s.connect_timeout, sock_read=s.read_timeout
@@ -68,7 +73,9 @@ class Upstream:
             headers["authorization"] = f"Bearer {backend.api_key}"
         url = backend.url + UPSTREAM_PATH[call.request.endpoint]
         try:
-            resp = await self._session.post(url, data=body, headers=headers)
+            resp = await self._session.post(
+                url, data=body, headers=headers, trace_request_ctx=backend.name
+            )
         except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError) as exc:
             raise Unreachable(
                 f"backend {backend.name} unreachable: {exc.__class__.__name__}"
@@ -81,6 +88,23 @@ class Upstream:
             raw = await read_body(resp, backend)
             raise UpstreamError(resp.status, raw, resp.content_type or "application/json")
         return resp
+
+    def _connect_trace(self) -> aiohttp.TraceConfig:
+        """Time only the opening of new connections; a reused one costs nothing to trace."""
+        assert self._metrics is not None
+        histogram = self._metrics.connect
+
+        async def start(_: object, ctx: SimpleNamespace, __: object) -> None:
+            ctx.connect_started = time.perf_counter()
+
+        async def end(_: object, ctx: SimpleNamespace, __: object) -> None:
+            elapsed = time.perf_counter() - ctx.connect_started
+            histogram.labels(ctx.trace_request_ctx).observe(elapsed)
+
+        trace = aiohttp.TraceConfig()
+        trace.on_connection_create_start.append(start)
+        trace.on_connection_create_end.append(end)
+        return trace
 
 
 async def read_body(resp: aiohttp.ClientResponse, backend: Backend) -> bytes:
@@ -175,7 +199,7 @@ class StreamRelay(Response):
         call: Call,
         upstream: aiohttp.ClientResponse,
         scanner: EventScanner,
-        finish: Callable[[Call, EventScanner], None],
+        finish: Callable[[Call, EventScanner], object],
         headers: dict[str, str],
     ) -> None:
         self.call = call

@@ -5,10 +5,11 @@ The prompt is tokenized with tiktoken and cut into blocks of ``block_size`` toke
 vLLM's automatic prefix caching does. Two prompts share block hash *i* exactly when they
 share their first *i + 1* blocks, so the index can match prefixes by hash alone.
 
-Chat messages are tokenized one at a time and their tokens concatenated, so a message
-always yields the same tokens whatever follows it: turn *n + 1* of a conversation repeats
-turn *n*'s blocks as its prefix, and each message's tokens can be cached (multi-turn
-clients resend the whole history every turn).
+Text is tokenized in pieces, their tokens concatenated: each chat message on its own,
+and long texts cut after the first newline past every ``PIECE_CHARS`` characters. A
+piece's tokens then never depend on what follows it, so turn *n + 1* of a conversation
+repeats turn *n*'s blocks as its prefix, and pieces can be cached: multi-turn clients
+resend their whole history every turn, and long prompts often share documents.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ loading them never reaches for the network, which these machines do not have."""
 ROOT = bytes(8)
 """The parent hash of the first block."""
 
+PIECE_CHARS = 2048
+
 
 class PrefixHasher:
     """Turns requests into PrefixKeys; built once, holds the encodings and a message cache."""
@@ -40,8 +43,8 @@ class PrefixHasher:
         self._block = settings.block_size
         self._max_blocks = settings.max_blocks
         self._encodings: dict[str, tiktoken.Encoding] = {}
-        self._message_tokens: Callable[[str, str], bytes] = functools.lru_cache(
-            maxsize=settings.message_cache_size
+        self._piece_tokens: Callable[[str, str], bytes] = functools.lru_cache(
+            maxsize=settings.token_cache_size
         )(self._tokenize)
 
     def encoding(self, name: str) -> tiktoken.Encoding:
@@ -58,7 +61,7 @@ class PrefixHasher:
     def key(self, request: Request, encoding: str) -> PrefixKey:
         """The request's prompt as token count, chained block hashes and anchor hash."""
         if request.endpoint == "chat":
-            parts = [self._message_tokens(encoding, text) for text in render_chat(request.body)]
+            parts = [self._text_tokens(encoding, text) for text in render_chat(request.body)]
             opening = sum(len(p) for p in parts[: opening_messages(request.body)])
             buf = b"".join(parts)
         else:
@@ -77,10 +80,13 @@ class PrefixHasher:
         if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
             prompt = prompt[0]
         if isinstance(prompt, str):
-            return self._message_tokens(encoding, prompt)
+            return self._text_tokens(encoding, prompt)
         if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
             return array.array("I", (t & 0xFFFFFFFF for t in prompt)).tobytes()
         return b""
+
+    def _text_tokens(self, encoding: str, text: str) -> bytes:
+        return b"".join(self._piece_tokens(encoding, piece) for piece in pieces(text))
 
     def _tokenize(self, encoding: str, text: str) -> bytes:
         return array.array("I", self.encoding(encoding).encode_ordinary(text)).tobytes()
@@ -100,6 +106,21 @@ def load_encoding(name: str) -> tiktoken.Encoding:
         except Exception as exc:  # noqa: BLE001 - tiktoken raises anything from a failed download
             errors.append(f"{candidate}: {exc}")
     raise SettingsError(f"cannot load tiktoken encoding {name!r}: {'; '.join(errors)}")
+
+
+def pieces(text: str) -> list[str]:
+    """Cut after the first newline at or past every PIECE_CHARS characters; where each cut
+    falls depends only on the text before it, so a prefix's pieces stay the same."""
+    out = []
+    start = 0
+    while len(text) - start > PIECE_CHARS:
+        cut = text.find("\n", start + PIECE_CHARS - 1)
+        if cut < 0:
+            break
+        out.append(text[start : cut + 1])
+        start = cut + 1
+    out.append(text[start:])
+    return out
 
 
 def render_chat(body: dict[str, Any]) -> list[str]:

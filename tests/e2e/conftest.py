@@ -14,13 +14,18 @@ from tests.servers import gateway_process
 MODEL = "sim-model"
 
 
-def write_config(path: Path, backends: list[str], **sections: object) -> Path:
+def write_config(
+    path: Path, backends: list[str], price: dict[str, str] | None = None, **sections: object
+) -> Path:
     """A gateway YAML config serving MODEL from the given backend URLs.
 
     The ledger (SQLite unless a section says otherwise) and its spool live beside it.
     """
+    model: dict[str, object] = {"name": MODEL, "backends": [{"url": u} for u in backends]}
+    if price is not None:
+        model["price"] = price
     config = {
-        "models": [{"name": MODEL, "backends": [{"url": u} for u in backends]}],
+        "models": [model],
         "database": {"url": f"sqlite:///{path.parent / 'ledger.db'}"},
         "ledger": {"spool_dir": str(path.parent / "spool")},
         **sections,

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -8,14 +8,22 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.ledger.db import make_engine
 from gateway.ledger.migrate import upgrade
+from tests.integration.ledger.postgres import scratch_database
+
+
+@pytest.fixture(scope="module")
+def pg_keys_url(pg_server_url: str) -> Iterator[str]:
+    """A database of this module's own: other tests count the rows of the session's one."""
+    with scratch_database(pg_server_url) as url:
+        yield url
 
 
 @pytest.fixture(params=["postgresql", "sqlite"])
 def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """The session's Postgres database (emptied after each test), or a fresh SQLite file."""
+    """The module's Postgres database (emptied after each test), or a fresh SQLite file."""
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path}/keys.db"
-    return str(request.getfixturevalue("pg_url"))
+    return str(request.getfixturevalue("pg_keys_url"))
 
 
 @pytest.fixture

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import subprocess
 import time
@@ -38,8 +39,6 @@ def private_redis(port: int) -> Iterator[None]:
         proc.wait(10)
 
 
-
-
 async def test_limits_fail_open_while_redis_is_down_and_recover() -> None:
     from prometheus_client import CollectorRegistry
 
@@ -57,7 +56,7 @@ async def test_limits_fail_open_while_redis_is_down_and_recover() -> None:
         assert registry.get_sample_value("gateway_limits_errors_total") == 1  # then skipped
         assert registry.get_sample_value("gateway_limits_degraded") == 1
         with private_redis(port):
-            time.sleep(0.25)  # past probe_interval: the next call tries Redis again
+            await asyncio.sleep(0.25)  # past probe_interval: the next call tries Redis again
             assert (await limiter.admit(rpm)).allowed
             assert registry.get_sample_value("gateway_limits_degraded") == 0
             assert not (await limiter.admit(rpm)).allowed  # enforced again

@@ -66,7 +66,7 @@ async def test_a_failing_source_serves_the_expired_answer_or_raises() -> None:
     await cache.get("a", lambda: src.load("a"))
     clock.now, src.down = 10.0, True
     assert await cache.get("a", lambda: src.load("a")) == "A"
-    with pytest.raises(OSError):
+    with pytest.raises(OSError, match="database down"):
         await cache.get("b", lambda: src.load("b"))
 
 

@@ -6,7 +6,7 @@ import pytest
 
 from gateway.flow import Request
 from gateway.settings import PrefixSettings, SettingsError
-from gateway.stages.prefix import PrefixHasher, load_encoding
+from gateway.stages.prefix import PIECE_CHARS, PrefixHasher, load_encoding, pieces
 
 ENC = "cl100k_base"
 
@@ -50,7 +50,7 @@ def test_same_block_at_another_depth_hashes_differently(hasher: PrefixHasher) ->
 def test_keys_are_deterministic_across_hashers_and_cache_sizes() -> None:
     req = chat(("system", "You are terse."), ("user", "Tell me about tides. " * 20))
     cached = PrefixHasher(PrefixSettings())
-    uncached = PrefixHasher(PrefixSettings(message_cache_size=0))
+    uncached = PrefixHasher(PrefixSettings(token_cache_size=0))
     first = cached.key(req, ENC)
     assert cached.key(req, ENC) == first
     assert uncached.key(req, ENC) == first
@@ -167,3 +167,27 @@ def test_cl100k_base_loads_offline_and_unknown_encodings_fail_clearly() -> None:
     assert load_encoding("cl100k_base").encode_ordinary("hello world") == [15339, 1917]
     with pytest.raises(SettingsError, match="no_such_encoding"):
         load_encoding("no_such_encoding")
+
+
+def test_long_prompts_sharing_a_document_share_its_blocks(hasher: PrefixHasher) -> None:
+    doc = "".join(f"Paragraph {i}: the tide rises and falls twice a day.\n" for i in range(200))
+    doc += "Question: " + "to be answered briefly and exactly, please. " * 5
+    one = hasher.key(completion(doc + "Question: when is high tide?"), ENC)
+    two = hasher.key(completion(doc + "Question: what moves the tides, and how strongly?"), ENC)
+    whole_doc_blocks = hasher.count_tokens(doc, ENC) // 16
+    both = min(len(one.hashes), len(two.hashes))
+    shared = next((i for i in range(both) if one.hashes[i] != two.hashes[i]), both)
+    assert shared >= whole_doc_blocks - 1
+    assert one.hashes != two.hashes
+
+
+def test_pieces_of_a_prefix_are_a_prefix_of_the_pieces() -> None:
+    text = "".join(f"line {i} " * (i % 7 + 1) + "\n" for i in range(2000))
+    whole = pieces(text)
+    assert "".join(whole) == text
+    assert len(whole) > 5
+    assert all(len(p) >= PIECE_CHARS for p in whole[:-1])
+    for cut in (5000, 9001, len(text) - 1):
+        part = pieces(text[:cut])
+        assert part[:-1] == whole[: len(part) - 1]
+    assert pieces("no newline " * 1000) == ["no newline " * 1000]
