@@ -174,22 +174,25 @@ class Engine:
                 self.cache.release(seq.hashes[:hits], 0)
                 return
             self.waiting.popleft()
-            seq.held = seq.hashes[:hits]
+            self._start(seq, hits)
             seq.private = need
-            seq.cached_tokens = seq.computed = hits * bs
             self.running.append(seq)
 
     def _hit_blocks(self, seq: Sequence) -> int:
-        """Cached leading blocks, counted in the prefix-cache metrics.
+        """How many leading blocks of the prompt are cached.
 
         As in vLLM, the last prompt token is always computed, so a fully cached prompt
         that ends on a block boundary still recomputes its last block.
         """
         usable = (len(seq.prompt) - 1) // self.config.block_size
-        hits = self.cache.match(seq.hashes[:usable])
+        return self.cache.match(seq.hashes[:usable])
+
+    def _start(self, seq: Sequence, hits: int) -> None:
+        """The sequence holds its (already acquired) cached blocks; count the lookup."""
+        seq.held = seq.hashes[:hits]
+        seq.cached_tokens = seq.computed = hits * self.config.block_size
         self.stats.prefix_queries += len(seq.prompt)
-        self.stats.prefix_hits += hits * self.config.block_size
-        return hits
+        self.stats.prefix_hits += seq.cached_tokens
 
     def _plan(self) -> tuple[list[Sequence], list[tuple[Sequence, int]]]:
         budget = self.config.max_num_batched_tokens
@@ -258,8 +261,7 @@ class Engine:
         """Instant mode: the whole request in one go, with the same cache bookkeeping."""
         hits = self._hit_blocks(seq)
         self.cache.acquire(seq.hashes[:hits])
-        seq.held = seq.hashes[:hits]
-        seq.cached_tokens = hits * self.config.block_size
+        self._start(seq, hits)
         for h in seq.hashes[hits:]:
             self._commit(seq, h)
         seq.computed = len(seq.prompt)
