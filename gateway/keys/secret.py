@@ -8,7 +8,6 @@ the server-side pepper is stored, so a leaked table is useless without the peppe
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import secrets
 
@@ -31,7 +30,7 @@ def display_prefix(secret: str) -> str:
 
 
 def hash_secret(secret: str, pepper: str) -> str:
-    return hmac.new(pepper.encode(), secret.encode(), hashlib.sha256).hexdigest()
+    return hmac.digest(pepper.encode(), secret.encode(), "sha256").hex()  # the C fast path
 
 
 def looks_like_key(token: str) -> bool:

@@ -9,22 +9,30 @@ from gateway.settings import Settings
 
 __all__ = ["LimitMetrics", "Limiter", "MemoryLimiter", "open_limiter"]
 
+POOL = 64
+"""Redis connections one gateway process uses for limits at most (calls beyond wait)."""
+
 
 def open_limiter(settings: Settings, metrics: LimitMetrics) -> Limiter:
     """In-process unless a Redis URL is configured. The caller owns start() and aclose()."""
     if settings.redis.url is None:
         return MemoryLimiter(metrics)
-    from redis.asyncio import Redis, RedisCluster
+    from redis.asyncio import BlockingConnectionPool, Redis, RedisCluster
     from redis.asyncio.retry import Retry
     from redis.backoff import NoBackoff
 
     from gateway.limits.redis import RedisLimiter
 
     # No client retries: a failing Redis must cost one timeout, then the limiter fails open.
-    client = (RedisCluster if settings.redis.cluster else Redis).from_url(
-        settings.redis.url,
-        socket_timeout=settings.redis.timeout,
-        socket_connect_timeout=settings.redis.timeout,
-        retry=Retry(NoBackoff(), 0),
-    )
-    return RedisLimiter(client, settings.redis, metrics)
+    # A bounded pool that waits (redis-py's default raises past 100 connections in use).
+    r = settings.redis
+    options = {"socket_timeout": r.timeout, "socket_connect_timeout": r.timeout,
+               "retry": Retry(NoBackoff(), 0)}  # fmt: skip
+    client: Redis | RedisCluster
+    if r.cluster:
+        client = RedisCluster.from_url(r.url, **options)
+    else:
+        pool = BlockingConnectionPool.from_url(r.url, max_connections=POOL, timeout=r.timeout,
+                                               **options)  # fmt: skip
+        client = Redis(connection_pool=pool)
+    return RedisLimiter(client, r, metrics)

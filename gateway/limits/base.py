@@ -62,8 +62,10 @@ class Bucket:
     """Key id or team name."""
     limit: int
     """Per minute."""
-    cost: int
-    """What this call takes from it (1 request, or its reserved tokens)."""
+
+    def cost(self, tokens: int) -> int:
+        """What a call takes from it: one request, or the tokens reserved for it."""
+        return 1 if self.kind == "requests" else tokens
 
 
 @dataclass(slots=True, frozen=True)
@@ -86,7 +88,8 @@ class Budget:
 
 @dataclass(slots=True, frozen=True)
 class Plan:
-    """Everything one call asks of the limiter."""
+    """Everything a principal's calls ask of the limiter on one day (the same for each
+    call, so it is built once and reused; the call's tokens are passed beside it)."""
 
     tag: str
     """The team: every key a call touches shares it (one Redis Cluster slot)."""
@@ -134,8 +137,9 @@ class Limiter(Protocol):
 
     async def aclose(self) -> None: ...
 
-    async def admit(self, plan: Plan) -> Verdict:
-        """Check every bucket and budget of the plan and charge the buckets if all pass.
+    async def admit(self, plan: Plan, tokens: int) -> Verdict:
+        """Check every bucket and budget of the plan and charge the buckets if all pass
+        (one request each from request buckets, ``tokens`` from token buckets).
 
         One round trip at most; never raises (a failing store answers ALLOW).
         """

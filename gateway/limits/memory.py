@@ -47,14 +47,15 @@ class MemoryLimiter:
     async def aclose(self) -> None:
         return None
 
-    async def admit(self, plan: Plan) -> Verdict:
+    async def admit(self, plan: Plan, tokens: int) -> Verdict:
         now = self._clock()
         for budget in plan.budgets:
             if self._spend.get(budget.counter, 0) >= budget.limit:
                 return Verdict(False, self._windows(plan.buckets, now), budget, None)
         charged: list[tuple[BucketId, float]] = []
         for bucket in plan.buckets:
-            new, ok, wait = gcra(self._tats.get(_id(bucket)), now, bucket.limit, bucket.cost)
+            tat = self._tats.get(_id(bucket))
+            new, ok, wait = gcra(tat, now, bucket.limit, bucket.cost(tokens))
             if not ok:
                 return Verdict(False, self._windows(plan.buckets, now), bucket, _finite(wait))
             charged.append((_id(bucket), new))

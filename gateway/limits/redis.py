@@ -9,9 +9,12 @@ key one call touches lives in its team's slot and one script can reach them all)
   a day after its period.
 
 A call's check is one EVALSHA (ADMIT); settles (token reconciliation and spend) are queued
-and sent by one flusher task, many to a pipeline, off the request path. When Redis fails,
-limits fail open: calls pass, a warning is logged once and gateway_limits_errors counts;
-Redis is tried again every redis.probe_interval, so the limiter recovers by itself.
+and sent by one flusher task, many to a pipeline, off the request path; settles for the
+same keys that wait together are merged into one (under load, one per key per flush).
+
+When Redis fails, limits fail open: calls pass, a warning is logged once and
+gateway_limits_errors counts; Redis is tried again every redis.probe_interval, so the
+limiter recovers by itself.
 """
 
 from __future__ import annotations
@@ -21,13 +24,13 @@ import contextlib
 import logging
 import math
 import time
-from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from redis.asyncio import Redis, RedisCluster
-from redis.exceptions import RedisError
+from redis.exceptions import NoScriptError, RedisError
 
 from gateway.limits.base import ALLOW, Bucket, Counter, Plan, Seed, Verdict, Window, period_end
 from gateway.limits.metrics import LimitMetrics
@@ -36,8 +39,10 @@ from gateway.settings import RedisSettings
 log = logging.getLogger(__name__)
 
 REDIS_ERRORS = (RedisError, OSError, TimeoutError)
+SHAPES = 10_000
+"""Plans whose key names are kept (one per active key and day)."""
 BATCH = 256
-"""Queued settles sent in one pipeline."""
+"""Queued settles sent in one pipeline (redis.queue_size bounds how many may wait)."""
 
 NOW = """
 local t = redis.call('TIME')
@@ -57,23 +62,26 @@ local function tat_of(key)
 end
 """
 
-# KEYS: n buckets, then budgets' counters. ARGV: n, (limit, cost) per bucket, budget limits.
-# Reply: code (0 ok, 1 bucket, 2 budget), which (1-based), wait µs (-1: never fits),
-# then (remaining, reset µs) per bucket. Budgets first, then buckets, as base.py.
+# KEYS: n buckets, then budgets' counters. ARGV[1]: "n,limit,cost,...,budget,..." (one
+# argument, and the reply one string: a fraction of the client's work for a dozen numbers).
+# Reply: "code,which,wait" (code 0 ok, 1 bucket, 2 budget; which 1-based; wait µs, -1:
+# never fits), then ",remaining,reset µs" per bucket. Budgets first, then buckets, as base.py.
 ADMIT = (
     NOW
     + """
-local n = tonumber(ARGV[1])
+local a = {}
+for v in string.gmatch(ARGV[1], '[^,]+') do a[#a + 1] = tonumber(v) end
+local n = a[1]
 local code, which, wait = 0, 0, 0
 for j = n + 1, #KEYS do
-  if tonumber(redis.call('GET', KEYS[j]) or '0') >= tonumber(ARGV[1 + 2 * n + j - n]) then
+  if tonumber(redis.call('GET', KEYS[j]) or '0') >= a[1 + n + j] then
     code, which = 2, j - n
     break
   end
 end
 local tats, news = {}, {}
 for i = 1, n do
-  local limit, cost = tonumber(ARGV[2 * i]), tonumber(ARGV[2 * i + 1])
+  local limit, cost = a[2 * i], a[2 * i + 1]
   tats[i] = tat_of(KEYS[i])
   news[i] = tats[i] + cost * W / limit
   if code == 0 and news[i] - now - W > 0.001 then
@@ -88,11 +96,12 @@ for i = 1, n do
     tat = news[i]
     store(KEYS[i], tat)
   end
-  local step = W / tonumber(ARGV[2 * i])
+  local step = W / a[2 * i]
   out[#out + 1] = math.max(math.floor((W - (tat - now)) / step + 1e-9), 0)
   out[#out + 1] = math.floor(tat - now)
 end
-return out
+for i = 1, #out do out[i] = string.format('%.0f', out[i]) end
+return table.concat(out, ',')
 """
 )
 
@@ -128,18 +137,29 @@ class RedisLimiter:
         self.metrics = metrics
         self._admit = client.register_script(ADMIT)
         self._settle = client.register_script(SETTLE)
-        self._queue: deque[tuple[list[str], list[Any]]] = deque(maxlen=settings.queue_size)
+        self._pending: dict[tuple[str, ...], list[Any]] = {}
+        self._expiry: dict[str, float] = {}
+        """Period id -> epoch when its counters may go."""
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
         self._task: asyncio.Task[None] | None = None
+        self._admits: list[tuple[list[str], str, asyncio.Future[bytes]]] = []
+        self._admit_wake = asyncio.Event()
+        self._checker: asyncio.Task[None] | None = None
+        self._shapes: dict[Plan, _Shape] = {}
         self._retry_at = 0.0
         self._degraded = False
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._flusher(), name="limits-flusher")
+        self._checker = asyncio.create_task(self._admitter(), name="limits-admitter")
 
     async def aclose(self) -> None:
+        if self._checker is not None:
+            self._checker.cancel()
+            await asyncio.gather(self._checker, return_exceptions=True)
+            self._checker = None
         if self._task is not None:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.flush(), timeout=1.0)
@@ -148,34 +168,32 @@ class RedisLimiter:
             self._task = None
         await self._client.aclose()
 
-    async def admit(self, plan: Plan) -> Verdict:
+    async def admit(self, plan: Plan, tokens: int) -> Verdict:
         if not (plan.buckets or plan.budgets) or time.monotonic() < self._retry_at:
             return ALLOW
-        keys = [self._bucket(plan.tag, b) for b in plan.buckets]
-        keys += [self._counter(plan.tag, b.counter) for b in plan.budgets]
-        args: list[Any] = [len(plan.buckets)]
-        for b in plan.buckets:
-            args += [b.limit, b.cost]
-        args += [b.limit for b in plan.budgets]
+        shape = self._shape(plan)
+        done: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        self._admits.append((shape.admit_keys, shape.admit_args.format(tokens), done))
+        self._admit_wake.set()
         try:
-            reply = await self._admit(keys=keys, args=args)
+            reply = await done
         except REDIS_ERRORS as exc:
             self._failed(exc)
             return ALLOW
         self._recovered()
-        return _verdict(plan, [int(x) for x in reply])
+        return _verdict(plan, [int(x) for x in reply.split(b",")])
 
     def settle(self, plan: Plan, tokens: int, units: int) -> None:
-        tpm = [b for b in plan.buckets if b.kind == "tokens"] if tokens else []
-        counters = plan.counters if units else ()
-        if not (tpm or counters):
+        if not (tokens and plan.buckets) and not units:
             return
-        now = datetime.now(UTC)
-        keys = [self._bucket(plan.tag, b) for b in tpm]
-        keys += [self._counter(plan.tag, c) for c in counters]
-        args: list[Any] = [len(tpm), tokens, *(b.limit for b in tpm), units]
-        args += [_ttl(c, now) for c in counters]
-        self._queue.append((keys, args))
+        shape = self._shape(plan)
+        keys, k = shape.settle_keys[bool(tokens)][bool(units)], len(shape.tpm_limits)
+        if not keys:
+            return
+        args: list[Any] = [k if tokens else 0, tokens, *(shape.tpm_limits if tokens else ()), units]
+        if units:
+            args += [self._ttl(pid) for pid in shape.period_ids]
+        self._add(keys, args)
         self._idle.clear()
         self._wake.set()
 
@@ -190,25 +208,94 @@ class RedisLimiter:
     async def flush(self) -> None:
         await self._idle.wait()
 
+    async def _admitter(self) -> None:
+        """Send the checks waiting now in one pipeline: concurrent calls share a round trip."""
+        while True:
+            await self._admit_wake.wait()
+            self._admit_wake.clear()
+            while self._admits:
+                batch, self._admits = self._admits, []
+                await self._check(batch)
+
+    async def _check(self, batch: list[tuple[list[str], str, asyncio.Future[bytes]]]) -> None:
+        try:
+            if len(batch) == 1:
+                keys, arg, _ = batch[0]
+                replies: list[Any] = [await self._admit(keys=keys, args=[arg])]
+            else:
+                async with self._client.pipeline(transaction=False) as pipe:
+                    for keys, arg, _ in batch:
+                        pipe.evalsha(self._admit.sha, len(keys), *keys, arg)
+                    replies = await pipe.execute(raise_on_error=False)
+                for i, reply in enumerate(replies):
+                    if isinstance(reply, NoScriptError):  # Redis restarted: load it again
+                        replies[i] = await self._admit(keys=batch[i][0], args=[batch[i][1]])
+        except REDIS_ERRORS as exc:
+            for _, _, done in batch:
+                if not done.done():
+                    done.set_exception(exc)
+            return
+        for (_, _, done), reply in zip(batch, replies, strict=True):
+            if done.done():
+                continue  # its caller went away
+            if isinstance(reply, Exception):
+                done.set_exception(reply)
+            else:
+                done.set_result(reply)
+
     async def _flusher(self) -> None:
         while True:
             await self._wake.wait()
             self._wake.clear()
-            while self._queue:
-                batch = [self._queue.popleft() for _ in range(min(BATCH, len(self._queue)))]
-                await self._send(batch)
+            while self._pending:
+                pending, self._pending = self._pending, {}
+                items = list(pending.items())
+                for i in range(0, len(items), BATCH):
+                    await self._send(items[i : i + BATCH])
             self._idle.set()
 
-    async def _send(self, batch: Sequence[tuple[list[str], list[Any]]]) -> None:
+    def _add(self, keys: tuple[str, ...], args: list[Any]) -> None:
+        """Queue a settle, merged into one already waiting for the same keys (same owner)."""
+        waiting = self._pending.get(keys)
+        if waiting is not None:
+            k = args[0]
+            waiting[1] += args[1]
+            waiting[3 + k] += args[3 + k]
+        elif len(self._pending) < self._settings.queue_size:
+            self._pending[keys] = args
+        else:
+            self.metrics.dropped.inc()
+
+    async def _send(self, batch: Sequence[tuple[tuple[str, ...], list[Any]]]) -> None:
         try:
             async with self._client.pipeline(transaction=False) as pipe:
                 for keys, args in batch:
-                    await self._settle(keys=keys, args=args, client=pipe)
+                    await self._settle(keys=list(keys), args=args, client=pipe)
                 await pipe.execute()
         except REDIS_ERRORS as exc:
             # Dropped, not retried: a half-applied pipeline retried would count spend twice.
             self.metrics.dropped.inc(len(batch))
             self._failed(exc)
+
+    def _ttl(self, period_id: str) -> int:
+        """Seconds a counter lives: its period and a day more (so a late settle still lands)."""
+        gone = self._expiry.get(period_id)
+        if gone is None:
+            if len(self._expiry) > 64:
+                self._expiry.clear()
+            period = "day" if period_id.startswith("d") else "month"
+            gone = period_end(period, datetime.now(UTC)).timestamp() + 86400
+            self._expiry[period_id] = gone
+        return max(math.ceil(gone - time.time()), 1)
+
+    def _shape(self, plan: Plan) -> _Shape:
+        """The plan's key names and fixed arguments, built once per plan (key and day)."""
+        shape = self._shapes.get(plan)
+        if shape is None:
+            if len(self._shapes) >= SHAPES:
+                self._shapes.clear()
+            shape = self._shapes[plan] = _Shape.of(plan, self._bucket, self._counter)
+        return shape
 
     def _bucket(self, tag: str, b: Bucket) -> str:
         return f"{self._prefix}rl:{{{tag}}}:{b.scope}:{b.owner}:{b.kind}"
@@ -232,6 +319,40 @@ class RedisLimiter:
             log.warning("limits: Redis answers again; rate limits and budgets are enforced")
 
 
+@dataclass(slots=True, frozen=True)
+class _Shape:
+    admit_keys: list[str]
+    admit_args: str
+    """"n,limit,cost,...,budget,..." with {0} where the call's tokens go."""
+    settle_keys: tuple[tuple[tuple[str, ...], ...], ...]
+    """[has tokens][has spend]: token bucket keys then counter keys."""
+    tpm_limits: tuple[int, ...]
+    period_ids: tuple[str, ...]
+
+    @classmethod
+    def of(
+        cls,
+        plan: Plan,
+        bucket: Callable[[str, Bucket], str],
+        counter: Callable[[str, Counter], str],
+    ) -> _Shape:
+        nums = [str(len(plan.buckets))]
+        for b in plan.buckets:
+            nums += (str(b.limit), "1" if b.kind == "requests" else "{0}")
+        nums += [str(b.limit) for b in plan.budgets]
+        tpm = tuple(b for b in plan.buckets if b.kind == "tokens")
+        tpm_keys = tuple(bucket(plan.tag, b) for b in tpm)
+        spend_keys = tuple(counter(plan.tag, c) for c in plan.counters)
+        return cls(
+            admit_keys=[bucket(plan.tag, b) for b in plan.buckets]
+            + [counter(plan.tag, b.counter) for b in plan.budgets],
+            admit_args=",".join(nums),
+            settle_keys=(((), spend_keys), (tpm_keys, tpm_keys + spend_keys)),
+            tpm_limits=tuple(b.limit for b in tpm),
+            period_ids=tuple(c.period_id for c in plan.counters),
+        )
+
+
 def _verdict(plan: Plan, reply: list[int]) -> Verdict:
     code, which, wait = reply[0], reply[1], reply[2]
     windows = tuple(
@@ -242,9 +363,3 @@ def _verdict(plan: Plan, reply: list[int]) -> Verdict:
     if code == 2:
         return Verdict(False, windows, plan.budgets[which - 1], None)
     return Verdict(False, windows, plan.buckets[which - 1], None if wait < 0 else wait / 1e6)
-
-
-def _ttl(counter: Counter, now: datetime) -> int:
-    """A counter outlives its period by a day (so a late settle still lands)."""
-    period = "day" if counter.period_id.startswith("d") else "month"
-    return math.ceil((period_end(period, now) - now).total_seconds()) + 86400

@@ -16,6 +16,7 @@ of the key's and the team's buckets, on refusals and on served calls.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import defaultdict
 from collections.abc import Iterable
@@ -46,11 +47,11 @@ async def admit(call: Call, body_bytes: int, limiter: Limiter) -> None:
     if principal is None or principal.anonymous:
         return
     reserved = estimate_tokens(call, body_bytes)
-    plan = plan_for(principal, reserved, _received(call))
-    verdict = await limiter.admit(plan)
+    plan = plan_for(principal, _day(call))
+    verdict = await limiter.admit(plan, reserved)
     headers = ratelimit_headers(verdict)
     if not verdict.allowed:
-        raise refusal(verdict, limiter)
+        raise refusal(verdict, reserved, limiter)
     call.quota = Quota(reserved_tokens=reserved, headers=headers)
 
 
@@ -61,7 +62,7 @@ def settle(call: Call, limiter: Limiter) -> None:
     u = call.usage
     used = u.prompt_tokens + u.completion_tokens if u else 0
     units = to_units(call.cost.total) if call.cost else 0
-    plan = plan_for(call.principal, 0, _received(call))
+    plan = plan_for(call.principal, _day(call))
     limiter.settle(plan, used - call.quota.reserved_tokens, units)
 
 
@@ -71,9 +72,13 @@ def estimate_tokens(call: Call, body_bytes: int) -> int:
     return prompt + (call.request.max_tokens or 0)
 
 
-def plan_for(p: Principal, tokens: int, at: datetime) -> Plan:
+@functools.lru_cache(maxsize=4096)
+def plan_for(p: Principal, day: int) -> Plan:
+    """The principal's plan on a UTC day (days since the epoch); pure, hence memoized:
+    the hot path builds a plan once per key and day, not once per call."""
     assert p.key_id is not None
     assert p.team is not None
+    at = datetime.fromtimestamp(day * 86400, UTC)
     owners: tuple[tuple[Scope, str], ...] = (("key", p.key_id), ("team", p.team))
     buckets: list[Bucket] = []
     budgets: list[Budget] = []
@@ -86,9 +91,9 @@ def plan_for(p: Principal, tokens: int, at: datetime) -> Plan:
         strict=True,
     ):
         if rpm is not None:
-            buckets.append(Bucket(scope, "requests", owner, rpm, 1))
+            buckets.append(Bucket(scope, "requests", owner, rpm))
         if tpm is not None:
-            buckets.append(Bucket(scope, "tokens", owner, tpm, tokens))
+            buckets.append(Bucket(scope, "tokens", owner, tpm))
         if usd is not None:
             counter = Counter(scope, owner, period_id(period, at))
             budgets.append(Budget(counter, to_units(usd), period_end(period, at)))
@@ -114,7 +119,7 @@ def ratelimit_headers(verdict: Verdict) -> dict[str, str]:
     return out
 
 
-def refusal(verdict: Verdict, limiter: Limiter) -> GatewayError:
+def refusal(verdict: Verdict, tokens: int, limiter: Limiter) -> GatewayError:
     headers = ratelimit_headers(verdict)
     by = verdict.refused_by
     if isinstance(by, Budget):
@@ -129,7 +134,7 @@ def refusal(verdict: Verdict, limiter: Limiter) -> GatewayError:
     limiter.metrics.refused.labels(by.scope, by.kind).inc()
     if verdict.retry_after is None:
         return RateLimited(
-            f"Request too large: it needs {by.cost} tokens, the {by.scope}'s limit is "
+            f"Request too large: it needs {tokens} tokens, the {by.scope}'s limit is "
             f"{by.limit} tokens per minute.",
             headers={**headers, "x-should-retry": "false"},
         )
@@ -170,5 +175,5 @@ def seeds(spends: Iterable[Spend], now: datetime) -> list[Seed]:
     return [Seed(c, tag, u, ends[c.period_id]) for (c, tag), u in units.items()]
 
 
-def _received(call: Call) -> datetime:
-    return datetime.fromtimestamp(call.received_wall, UTC)
+def _day(call: Call) -> int:
+    return int(call.received_wall // 86400)

@@ -47,18 +47,18 @@ async def test_limits_fail_open_while_redis_is_down_and_recover() -> None:
     limiter = redis_limiter(f"redis://127.0.0.1:{port}/0", "gwtest:outage:", registry,
                             probe_interval=0.2)  # fmt: skip
     await limiter.start()
-    rpm = Plan("t", (Bucket("key", "requests", "k", 1, 1),), (), ())
+    rpm = Plan("t", (Bucket("key", "requests", "k", 1),), (), ())
     try:
         for _ in range(3):  # nothing listens: every call passes, no call waits on Redis
             started = time.monotonic()
-            assert (await limiter.admit(rpm)).allowed
+            assert (await limiter.admit(rpm, 0)).allowed
             assert time.monotonic() - started < 0.5
         assert registry.get_sample_value("gateway_limits_errors_total") == 1  # then skipped
         assert registry.get_sample_value("gateway_limits_degraded") == 1
         with private_redis(port):
             await asyncio.sleep(0.25)  # past probe_interval: the next call tries Redis again
-            assert (await limiter.admit(rpm)).allowed
+            assert (await limiter.admit(rpm, 0)).allowed
             assert registry.get_sample_value("gateway_limits_degraded") == 0
-            assert not (await limiter.admit(rpm)).allowed  # enforced again
+            assert not (await limiter.admit(rpm, 0)).allowed  # enforced again
     finally:
         await limiter.aclose()

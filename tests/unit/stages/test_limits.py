@@ -12,6 +12,7 @@ from gateway.limits.base import Bucket, Budget, Counter, Verdict, Window
 from gateway.stages import limits
 
 AT = datetime(2026, 11, 29, 15, 30, tzinfo=UTC)
+DAY = int(AT.timestamp() // 86400)
 
 
 def principal(**kw: object) -> Principal:
@@ -21,13 +22,15 @@ def principal(**kw: object) -> Principal:
 def test_a_plan_has_a_bucket_per_limit_and_a_budget_per_budget() -> None:
     p = principal(rpm=10, tpm=1000, team_rpm=100, budget_usd=Decimal("1.5"),
                   budget_period="day", team_budget_usd=Decimal(20))  # fmt: skip
-    plan = limits.plan_for(p, 123, AT)
+    plan = limits.plan_for(p, DAY)
     assert plan.tag == "eng"
     assert plan.buckets == (
-        Bucket("key", "requests", "key_1", 10, 1),
-        Bucket("key", "tokens", "key_1", 1000, 123),
-        Bucket("team", "requests", "eng", 100, 1),
+        Bucket("key", "requests", "key_1", 10),
+        Bucket("key", "tokens", "key_1", 1000),
+        Bucket("team", "requests", "eng", 100),
     )
+    assert [b.cost(123) for b in plan.buckets] == [1, 123, 1]
+    assert limits.plan_for(p, DAY) is plan  # built once per principal and day
     assert [(b.counter, b.limit) for b in plan.budgets] == [
         (Counter("key", "key_1", "d20261129"), 15_000_000_000),
         (Counter("team", "eng", "m202611"), 200_000_000_000),
@@ -43,16 +46,16 @@ def test_a_plan_has_a_bucket_per_limit_and_a_budget_per_budget() -> None:
 
 
 def test_a_principal_without_limits_has_an_empty_plan_but_still_counts_spend() -> None:
-    plan = limits.plan_for(principal(), 5, AT)
+    plan = limits.plan_for(principal(), DAY)
     assert plan.buckets == ()
     assert plan.budgets == ()
     assert len(plan.counters) == 4
 
 
 def test_headers_report_the_tightest_bucket_of_each_kind() -> None:
-    key = Bucket("key", "requests", "key_1", 10, 1)
-    team = Bucket("team", "requests", "eng", 100, 1)
-    tokens = Bucket("key", "tokens", "key_1", 1000, 50)
+    key = Bucket("key", "requests", "key_1", 10)
+    team = Bucket("team", "requests", "eng", 100)
+    tokens = Bucket("key", "tokens", "key_1", 1000)
     verdict = Verdict(True, (Window(key, 3, 42.0), Window(team, 80, 12.0),
                              Window(tokens, 950, 3.0)))  # fmt: skip
     assert limits.ratelimit_headers(verdict) == {
@@ -78,9 +81,9 @@ def _limiter() -> MemoryLimiter:
 
 
 def test_a_rate_refusal_is_429_with_retry_after() -> None:
-    bucket = Bucket("team", "requests", "eng", 3, 1)
+    bucket = Bucket("team", "requests", "eng", 3)
     verdict = Verdict(False, (Window(bucket, 0, 59.9),), bucket, 19.2)
-    err = limits.refusal(verdict, _limiter())
+    err = limits.refusal(verdict, 1, _limiter())
     assert isinstance(err, RateLimited)
     assert err.status == 429
     assert err.code == "rate_limit_exceeded"
@@ -91,8 +94,8 @@ def test_a_rate_refusal_is_429_with_retry_after() -> None:
 
 
 def test_a_request_larger_than_the_limit_is_told_not_to_retry() -> None:
-    bucket = Bucket("key", "tokens", "key_1", 100, 150)
-    err = limits.refusal(Verdict(False, (), bucket, None), _limiter())
+    bucket = Bucket("key", "tokens", "key_1", 100)
+    err = limits.refusal(Verdict(False, (), bucket, None), 150, _limiter())
     assert isinstance(err, RateLimited)
     assert err.headers["x-should-retry"] == "false"
     assert "150 tokens" in err.message
@@ -100,7 +103,7 @@ def test_a_request_larger_than_the_limit_is_told_not_to_retry() -> None:
 
 def test_a_spent_budget_is_insufficient_quota() -> None:
     budget = Budget(Counter("key", "key_1", "d20261129"), 10, datetime(2026, 11, 30, tzinfo=UTC))
-    err = limits.refusal(Verdict(False, (), budget, None), _limiter())
+    err = limits.refusal(Verdict(False, (), budget, None), 1, _limiter())
     assert isinstance(err, QuotaExceeded)
     assert (err.status, err.type, err.code) == (429, "insufficient_quota", "insufficient_quota")
     assert err.headers["x-should-retry"] == "false"
