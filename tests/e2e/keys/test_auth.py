@@ -96,6 +96,12 @@ def test_the_admin_api_refuses_ordinary_keys(gateway: str) -> None:
     mine = next(k for k in keys if k["id"] == key_id)
     assert mine["prefix"] == secret[:11]
     assert secret not in str(keys)
+    with admin(gateway) as a:
+        assert a.post("/admin/teams", json={"name": "ops"}).status_code == 400  # exists
+        assert a.post("/admin/teams", json={"name": "bad{tag}"}).status_code == 400
+        assert a.post("/admin/keys", json={"team": "ghost"}).status_code == 404
+        assert a.post("/admin/keys", json={"team": "ops", "rpm": 0}).status_code == 400
+        assert a.post("/admin/keys/key_missing/disable").status_code == 404
 
 
 def test_served_calls_carry_openais_ratelimit_headers(gateway: str) -> None:
