@@ -53,7 +53,12 @@ class LookupCache(Generic[V]):
             return entry.value
         waiting = self._loading.get(key)
         if waiting is not None:
-            return await asyncio.shield(waiting)
+            try:
+                return await asyncio.shield(waiting)
+            except asyncio.CancelledError:
+                if not waiting.cancelled():
+                    raise  # this caller was cancelled, not the load it waited for
+            # The caller that was loading went away: load for ourselves.
         return await self._load(key, load, entry)
 
     def clear(self) -> None:

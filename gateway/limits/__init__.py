@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import logging
+
 from gateway.limits.base import Limiter
 from gateway.limits.memory import MemoryLimiter
 from gateway.limits.metrics import LimitMetrics
 from gateway.settings import Settings
 
 __all__ = ["LimitMetrics", "Limiter", "MemoryLimiter", "open_limiter"]
+
+log = logging.getLogger(__name__)
 
 POOL = 64
 """Redis connections one gateway process uses for limits at most (calls beyond wait)."""
@@ -16,6 +20,10 @@ POOL = 64
 def open_limiter(settings: Settings, metrics: LimitMetrics) -> Limiter:
     """In-process unless a Redis URL is configured. The caller owns start() and aclose()."""
     if settings.redis.url is None:
+        if settings.server.workers > 1:
+            log.warning("limits: %d workers without Redis each count on their own: rate "
+                        "limits and budgets are that many times looser; set redis.url",
+                        settings.server.workers)  # fmt: skip
         return MemoryLimiter(metrics)
     from redis.asyncio import BlockingConnectionPool, Redis, RedisCluster
     from redis.asyncio.retry import Retry

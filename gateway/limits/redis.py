@@ -198,12 +198,16 @@ class RedisLimiter:
         self._wake.set()
 
     async def seed(self, seeds: Iterable[Seed]) -> None:
+        """Never fails the start: without Redis, budgets fail open like everything else."""
         now = datetime.now(UTC)
-        async with self._client.pipeline(transaction=False) as pipe:
-            for s in seeds:
-                ttl = max(int((s.ends - now).total_seconds()) + 86400, 1)
-                pipe.set(self._counter(s.tag, s.counter), s.units, nx=True, ex=ttl)
-            await pipe.execute()
+        try:
+            async with self._client.pipeline(transaction=False) as pipe:
+                for s in seeds:
+                    ttl = max(int((s.ends - now).total_seconds()) + 86400, 1)
+                    pipe.set(self._counter(s.tag, s.counter), s.units, nx=True, ex=ttl)
+                await pipe.execute()
+        except REDIS_ERRORS as exc:
+            self._failed(exc)
 
     async def flush(self) -> None:
         await self._idle.wait()

@@ -7,10 +7,11 @@ import contextlib
 import subprocess
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 
 import redis
 
-from gateway.limits.base import Bucket, Plan
+from gateway.limits.base import Bucket, Counter, Plan, Seed
 from tests.conftest import free_port
 from tests.integration.limits.conftest import redis_limiter
 
@@ -54,6 +55,7 @@ async def test_limits_fail_open_while_redis_is_down_and_recover() -> None:
             assert (await limiter.admit(rpm, 0)).allowed
             assert time.monotonic() - started < 0.5
         assert registry.get_sample_value("gateway_limits_errors_total") == 1  # then skipped
+        await limiter.seed([Seed(Counter("key", "k", "d1"), "t", 5, datetime.now(UTC))])
         assert registry.get_sample_value("gateway_limits_degraded") == 1
         with private_redis(port):
             await asyncio.sleep(0.25)  # past probe_interval: the next call tries Redis again

@@ -77,3 +77,17 @@ async def test_clear_forgets_everything() -> None:
     cache.clear()
     await cache.get("a", lambda: src.load("a"))
     assert src.loads == 2
+
+
+async def test_a_waiter_loads_itself_when_the_loading_caller_goes_away() -> None:
+    src = Source({"a": "A"})
+    cache: LookupCache[str] = LookupCache(60.0, 10)
+    first = asyncio.create_task(cache.get("a", lambda: src.load("a")))
+    await asyncio.sleep(0)  # first is now loading
+    second = asyncio.create_task(cache.get("a", lambda: src.load("a")))
+    await asyncio.sleep(0)
+    first.cancel()
+    assert await second == "A"
+    assert src.loads == 2
+    with pytest.raises(asyncio.CancelledError):
+        await first
