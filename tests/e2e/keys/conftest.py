@@ -3,24 +3,33 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import ExitStack
 from typing import Any
 
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.e2e.conftest import start_sims
 from tests.integration.ledger.postgres import scratch_database
 
 ADMIN = "admin-secret-for-tests"
 PEPPER = "e2e-pepper"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def keys_db(pg_server_url: str) -> Iterator[str]:
-    """A Postgres database of this module's own (the session's pg_url is counted row by row
+    """A Postgres database of these tests' own (the session's pg_url is counted row by row
     by the ledger's tests, so gateways here must not write into it)."""
     with scratch_database(pg_server_url) as url:
         yield url
+
+
+@pytest.fixture(scope="package")
+def sims() -> Iterator[list[str]]:
+    """One simulator for every gateway here (refused calls are checked on its counters)."""
+    with ExitStack() as stack:
+        yield start_sims(stack, 1)
 
 
 def auth_sections(db_url: str, **extra: Any) -> dict[str, Any]:
