@@ -219,7 +219,12 @@ class RedisLimiter:
             self._admit_wake.clear()
             while self._admits:
                 batch, self._admits = self._admits, []
-                await self._check(batch)
+                try:
+                    await self._check(batch)
+                except Exception as exc:
+                    # This task must outlive any surprise, or every later check would hang.
+                    log.exception("limits: check failed unexpectedly; letting the calls through")
+                    _fail(batch, RedisError(f"limits check failed: {exc!r}"))
 
     async def _check(self, batch: list[tuple[list[str], str, asyncio.Future[bytes]]]) -> None:
         try:
@@ -235,9 +240,7 @@ class RedisLimiter:
                     if isinstance(reply, NoScriptError):  # Redis restarted: load it again
                         replies[i] = await self._admit(keys=batch[i][0], args=[batch[i][1]])
         except REDIS_ERRORS as exc:
-            for _, _, done in batch:
-                if not done.done():
-                    done.set_exception(exc)
+            _fail(batch, exc)
             return
         for (_, _, done), reply in zip(batch, replies, strict=True):
             if done.done():
@@ -255,7 +258,10 @@ class RedisLimiter:
                 pending, self._pending = self._pending, {}
                 items = list(pending.items())
                 for i in range(0, len(items), BATCH):
-                    await self._send(items[i : i + BATCH])
+                    try:
+                        await self._send(items[i : i + BATCH])
+                    except Exception:
+                        log.exception("limits: settle failed unexpectedly; dropped")
             self._idle.set()
 
     def _add(self, keys: tuple[str, ...], args: list[Any]) -> None:
@@ -355,6 +361,12 @@ class _Shape:
             tpm_limits=tuple(b.limit for b in tpm),
             period_ids=tuple(c.period_id for c in plan.counters),
         )
+
+
+def _fail(batch: Sequence[tuple[list[str], str, asyncio.Future[bytes]]], exc: Exception) -> None:
+    for _, _, done in batch:
+        if not done.done():
+            done.set_exception(exc)
 
 
 def _verdict(plan: Plan, reply: list[int]) -> Verdict:
