@@ -39,7 +39,7 @@ class MemoryLimiter:
         self._wall = wall
         self._tats: dict[BucketId, float] = {}
         self._spend: dict[Counter, int] = {}
-        self._day = ""
+        self._day = 0
 
     async def start(self) -> None:
         return None
@@ -86,11 +86,13 @@ class MemoryLimiter:
 
     def _prune(self, now: float) -> None:
         """Once a day: forget past periods' spend and buckets that are full again."""
-        day = period_id("day", self._wall())
+        wall = self._wall()
+        day = wall.toordinal()
         if day == self._day:
             return
-        self._day, month = day, period_id("month", self._wall())
-        self._spend = {c: u for c, u in self._spend.items() if c.period_id in (day, month)}
+        self._day = day
+        current = (period_id("day", wall), period_id("month", wall))
+        self._spend = {c: u for c, u in self._spend.items() if c.period_id in current}
         self._tats = {b: t for b, t in self._tats.items() if t > now}
 
 
