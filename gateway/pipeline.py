@@ -55,7 +55,7 @@ async def handle(call: Call, body: bytes, endpoint: Endpoint, svc: Services) -> 
         finish(call, svc)
         raise
     call.done_at = time.perf_counter()
-    call.usage = usage.from_body(raw)
+    call.usage, call.reply = usage.from_body(raw)
     headers[OVERHEAD_HEADER] = milliseconds(finish(call, svc))
     return Response(raw, media_type="application/json", headers=headers)
 
@@ -116,8 +116,10 @@ def finish(call: Call, svc: Services, scanner: EventScanner | None = None) -> fl
         call.done_at = time.perf_counter()
     if call.route is not None and call.dispatched_at is not None:
         occupy(svc.backends.backends[call.route.backend], svc, -1)
+        if scanner is not None and (call.usage is None or call.prefix is not None):
+            call.reply = usage.delivered_text(scanner.delivered)
         if call.usage is None:
-            call.usage = estimate_usage(call, scanner, svc)
+            call.usage = estimate_usage(call, svc)
         learn(call, svc)
     svc.ledger.record(call)
     limits.settle(call, svc.limits)
@@ -153,14 +155,13 @@ def milliseconds(seconds: float | None) -> str:
     return f"{seconds * 1000:.3f}" if seconds is not None else ""
 
 
-def estimate_usage(call: Call, scanner: EventScanner | None, svc: Services) -> usage.Usage:
+def estimate_usage(call: Call, svc: Services) -> usage.Usage:
     """Count tokens ourselves when the backend's usage never came (e.g. a disconnect)."""
     assert call.request is not None
     encoding = svc.backends.model(call.request.model).encoding
-    text = usage.delivered_text(scanner.delivered) if scanner else ""
     return usage.Usage(
         prompt_tokens=call.prefix.tokens if call.prefix else 0,
-        completion_tokens=svc.prefix.count_tokens(text, encoding) if text else 0,
+        completion_tokens=svc.prefix.count_tokens(call.reply, encoding) if call.reply else 0,
         estimated=True,
     )
 
@@ -181,6 +182,7 @@ def learn(call: Call, svc: Services) -> None:
     if key is None or not key.hashes or route is None or call.request is None or u is None:
         return
     prefilled = not u.estimated or call.first_byte_at is not None
+    encoding = svc.backends.model(call.request.model).encoding
     fb = feedback.observe(
         svc.index,
         call.request.model,
@@ -189,6 +191,7 @@ def learn(call: Call, svc: Services) -> None:
         route.matched_blocks,
         u.cached_tokens if prefilled else None,
         (u.prompt_tokens or key.tokens) if prefilled else None,
+        holds=svc.prefix.reply_key(call.request, encoding, call.reply) if prefilled else None,
     )
     if fb.reported and not u.estimated and svc.settings.metrics_enabled:
         predicted = route.predicted_cached_tokens / max(key.tokens, 1)
