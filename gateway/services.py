@@ -58,7 +58,7 @@ class Services:
             await ledger.start()
             stack.push_async_callback(ledger.aclose)
             keys = KeyRing(settings.auth, ledger.engine, registry, enabled=settings.auth_enabled)
-            keys.start(settings.server.host)
+            keys.announce(settings.server.host)
             limits = open_limiter(settings, LimitMetrics(registry))
             await limits.start()
             stack.push_async_callback(limits.aclose)

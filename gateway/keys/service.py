@@ -66,7 +66,7 @@ class KeyRing:
             registry=registry,
         )
 
-    def start(self, host: str) -> None:
+    def announce(self, host: str) -> None:
         """Say in the log whether calls need a key (and warn about an open, exposed gateway)."""
         if self.enabled:
             if not self._settings.pepper:
