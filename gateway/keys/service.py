@@ -104,9 +104,7 @@ class KeyRing:
         return grant.principal
 
     async def create_team(self, spec: TeamSpec) -> TeamInfo:
-        team = await store.create_team(self._engine, spec, datetime.now(UTC))
-        self._cache.clear()
-        return team
+        return await store.create_team(self._engine, spec, datetime.now(UTC))
 
     async def teams(self) -> list[TeamInfo]:
         return await store.list_teams(self._engine)

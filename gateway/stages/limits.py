@@ -49,10 +49,9 @@ async def admit(call: Call, body_bytes: int, limiter: Limiter) -> None:
     reserved = estimate_tokens(call, body_bytes)
     plan = plan_for(principal, _day(call))
     verdict = await limiter.admit(plan, reserved)
-    headers = ratelimit_headers(verdict)
     if not verdict.allowed:
         raise refusal(verdict, reserved, limiter)
-    call.quota = Quota(reserved_tokens=reserved, headers=headers)
+    call.quota = Quota(reserved_tokens=reserved, headers=ratelimit_headers(verdict))
 
 
 def settle(call: Call, limiter: Limiter) -> None:
