@@ -23,6 +23,7 @@ from gateway import pipeline
 from gateway.errors import GatewayError, PayloadTooLarge
 from gateway.flow import Call, Endpoint
 from gateway.services import Services
+from gateway.stages import auth
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -43,11 +44,14 @@ ServicesDep = Annotated[Services, Depends(services)]
 
 
 @router.get("/v1/models")
-async def list_models(svc: ServicesDep) -> Response:
+async def list_models(request: Request, svc: ServicesDep) -> Response:
+    """The configured models this caller's key may use."""
+    principal = await auth.authenticate(request.headers, svc.keys)
     created = int(svc.started_at)
     data = [
         {"id": name, "object": "model", "created": created, "owned_by": "gateway"}
         for name in svc.backends.models
+        if principal.models is None or name in principal.models
     ]
     return Response(orjson.dumps({"object": "list", "data": data}), media_type="application/json")
 

@@ -13,6 +13,7 @@ __all__ = ["LimitMetrics", "Limiter", "MemoryLimiter", "open_limiter"]
 
 log = logging.getLogger(__name__)
 
+
 def open_limiter(settings: Settings, metrics: LimitMetrics) -> Limiter:
     """In-process unless a Redis URL is configured. The caller owns start() and aclose()."""
     if settings.redis.url is None:

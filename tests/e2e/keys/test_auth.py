@@ -85,6 +85,17 @@ def test_a_key_limited_to_models_cannot_see_others(gateway: str) -> None:
     assert info.value.status_code == 404
 
 
+def test_models_list_needs_a_key_and_shows_only_the_keys_models(gateway: str) -> None:
+    _, narrow = issue_key(gateway, "lister", models=["some-other-model"])
+    _, wide = issue_key(gateway, "lister-wide")
+    with client(gateway, wide) as c:
+        assert [m.id for m in c.models.list().data] == [MODEL]
+    with client(gateway, narrow) as c:
+        assert c.models.list().data == []
+    with client(gateway, "gk-not-a-key") as c, pytest.raises(openai.AuthenticationError):
+        c.models.list()
+
+
 def test_the_admin_api_refuses_ordinary_keys(gateway: str) -> None:
     key_id, secret = issue_key(gateway, "ops")
     listing = httpx.get(gateway + "/admin/keys", headers={"authorization": f"Bearer {secret}"})
