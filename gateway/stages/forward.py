@@ -206,7 +206,8 @@ class StreamRelay(Response):
     Starlette's StreamingResponse notices a disconnect only when a write fails, which may
     be long after the client left (during a slow prefill, or never if writes are silently
     dropped). Here a watcher waits for ``http.disconnect`` and closes the upstream response
-    at once, so vLLM aborts the sequence and frees its KV blocks.
+    at once, so vLLM aborts the sequence and frees its KV blocks. A client that hangs up
+    once it has the ``[DONE]`` event had the whole answer: that is no disconnect.
     """
 
     media_type = "text/event-stream"
@@ -225,6 +226,8 @@ class StreamRelay(Response):
         self.finish = finish
         self.status_code = 200
         self.background = None
+        self.answered = False
+        """The client has been sent the final [DONE] event."""
         self.init_headers(headers)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -237,7 +240,8 @@ class StreamRelay(Response):
             await send({"type": "http.response.body", "body": b"", "more_body": False})
             complete = not self.call.disconnected
         except OSError:
-            self.call.disconnected = True
+            self.call.disconnected = not self.answered
+            complete = self.answered
         finally:
             watcher.cancel()
             # A finished answer leaves a reusable connection; anything else must be cut so
@@ -252,8 +256,9 @@ class StreamRelay(Response):
     async def _watch(self, receive: Receive) -> None:
         while (await receive())["type"] != "http.disconnect":
             pass
-        self.call.disconnected = True
-        self.upstream.close()
+        if not self.answered:
+            self.call.disconnected = True
+            self.upstream.close()
 
     async def _relay(self) -> AsyncIterator[bytes]:
         call, scanner = self.call, self.scanner
@@ -263,6 +268,7 @@ class StreamRelay(Response):
                     call.first_byte_at = time.perf_counter()
                 out = scanner.feed(data)
                 if out:
+                    self.answered = out.endswith(b"data: [DONE]\n\n")
                     yield out
         except (aiohttp.ClientError, TimeoutError) as exc:
             if not call.disconnected:
