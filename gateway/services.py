@@ -8,15 +8,19 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from prometheus_client import CollectorRegistry
 
 from gateway.backends import BackendPool
 from gateway.index import open_index
 from gateway.index.base import PrefixIndex
+from gateway.keys import KeyRing
 from gateway.ledger import Ledger
-from gateway.metrics import GatewayMetrics
+from gateway.limits import Limiter, LimitMetrics, open_limiter
+from gateway.metrics import GatewayMetrics, release_process
 from gateway.settings import Settings
+from gateway.stages import limits as limits_stage
 from gateway.stages.forward import Upstream
 from gateway.stages.prefix import PrefixHasher
 from gateway.stages.routing import Policy, make_policy
@@ -35,6 +39,8 @@ class Services:
     index: PrefixIndex
     policy: Policy
     ledger: Ledger
+    keys: KeyRing
+    limits: Limiter
     started_at: float
 
     @classmethod
@@ -44,13 +50,22 @@ class Services:
             if settings.embedded:
                 settings = await stack.enter_async_context(embedded_backend(settings))
             registry = CollectorRegistry(auto_describe=True)
-            metrics = GatewayMetrics(registry)
+            metrics = GatewayMetrics(registry, settings.metrics_multiproc_dir is not None)
+            if settings.metrics_multiproc_dir is not None:
+                stack.callback(release_process, settings.metrics_multiproc_dir)
             prefix = PrefixHasher(settings.prefix)
             for model in settings.models:
                 prefix.encoding(model.encoding)  # a bad encoding fails the start, not a call
             ledger = Ledger(settings, registry)
             await ledger.start()
             stack.push_async_callback(ledger.aclose)
+            keys = KeyRing(settings.auth, ledger.engine, registry, enabled=settings.auth_enabled)
+            keys.announce(settings.server.host)
+            limits = open_limiter(settings, LimitMetrics(registry))
+            await limits.start()
+            stack.push_async_callback(limits.aclose)
+            if keys.enabled:
+                await limits.seed(limits_stage.seeds(await keys.month_spend(), datetime.now(UTC)))
             index = open_index(settings)
             await index.start()
             stack.push_async_callback(index.aclose)
@@ -70,6 +85,8 @@ class Services:
                 index=index,
                 policy=make_policy(settings.routing),
                 ledger=ledger,
+                keys=keys,
+                limits=limits,
                 started_at=time.time(),
             )
 

@@ -1,4 +1,4 @@
-"""Admin routes: cost reports and prices (the keys issue adds key and team routes here).
+"""Admin routes: cost reports, prices, teams and API keys.
 
 Every route needs ``Authorization: Bearer <auth.admin_key>``: a missing key answers 401,
 a wrong one 403. With no admin key configured the admin API is disabled (403 for all):
@@ -19,10 +19,13 @@ from fastapi import APIRouter, Depends, Header, Query, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.api.openai import ServicesDep
-from gateway.errors import Forbidden, InvalidRequest, Unauthorized
+from gateway.errors import Forbidden, InvalidRequest, NotFound, Unauthorized
+from gateway.keys import KeyRing
+from gateway.keys.specs import KeySpec, TeamSpec
+from gateway.keys.store import TeamExists, UnknownTeam
 from gateway.ledger import Ledger
 from gateway.ledger.prices import PriceVersion
-from gateway.ledger.report import GroupBy, parse_when
+from gateway.ledger.report import parse_group_by, parse_when
 from gateway.settings import AuthSettings, Settings
 
 
@@ -62,6 +65,13 @@ async def _ledger(svc: ServicesDep) -> Ledger:
 LedgerDep = Annotated[Ledger, Depends(_ledger)]
 
 
+async def _keys(svc: ServicesDep) -> KeyRing:
+    return svc.keys
+
+
+KeysDep = Annotated[KeyRing, Depends(_keys)]
+
+
 def admin_router(settings: Settings) -> APIRouter:
     router = APIRouter(prefix="/admin", dependencies=[Depends(admin_guard(settings.auth))])
 
@@ -70,10 +80,14 @@ def admin_router(settings: Settings) -> APIRouter:
         ledger: LedgerDep,
         start: Annotated[str | None, Query(alias="from")] = None,
         end: Annotated[str | None, Query(alias="to")] = None,
-        group_by: GroupBy = "team",
+        group_by: str = "team",
         format: Literal["json", "csv"] = "json",
     ) -> Response:
-        report = await ledger.report(_when(start, "from"), _when(end, "to"), group_by)
+        try:
+            groups = parse_group_by(group_by)
+        except ValueError as exc:
+            raise InvalidRequest(str(exc), param="group_by") from exc
+        report = await ledger.report(_when(start, "from"), _when(end, "to"), groups)
         if format == "csv":
             return Response(report.to_csv(), media_type="text/csv; charset=utf-8")
         return _json(report.to_json())
@@ -87,6 +101,38 @@ def admin_router(settings: Settings) -> APIRouter:
         prices = (body.input, body.cached_input, body.cache_write, body.output)
         version = await ledger.set_price(body.model, prices, body.effective_from)
         return _json(_price(version), status=201)
+
+    @router.post("/teams", status_code=201)
+    async def create_team(body: TeamSpec, keys: KeysDep) -> Response:
+        try:
+            team = await keys.create_team(body)
+        except TeamExists:
+            raise InvalidRequest(f"team {body.name!r} already exists", param="name") from None
+        return _json(team.as_dict(), status=201)
+
+    @router.get("/teams")
+    async def list_teams(keys: KeysDep) -> Response:
+        return _json({"data": [t.as_dict() for t in await keys.teams()]})
+
+    @router.post("/keys", status_code=201)
+    async def create_key(body: KeySpec, keys: KeysDep) -> Response:
+        """The answer's ``key`` is the secret: shown here once, stored nowhere."""
+        try:
+            key, secret = await keys.create_key(body)
+        except UnknownTeam:
+            raise NotFound(f"no team {body.team!r}: create it first", param="team") from None
+        return _json({**key.as_dict(), "key": secret}, status=201)
+
+    @router.get("/keys")
+    async def list_keys(keys: KeysDep, team: str | None = None) -> Response:
+        return _json({"data": [k.as_dict() for k in await keys.keys(team)]})
+
+    @router.post("/keys/{key_id}/disable")
+    async def disable_key(key_id: str, keys: KeysDep) -> Response:
+        key = await keys.disable_key(key_id)
+        if key is None:
+            raise NotFound(f"no key {key_id!r}", param="key_id")
+        return _json(key.as_dict())
 
     return router
 

@@ -86,7 +86,13 @@ async def _serve(args: argparse.Namespace, cfgs: list[SimConfig]) -> None:
     sims: list[RunningSimulator] = []
     try:
         for i, cfg in enumerate(cfgs):
-            sim = await start_simulator(cfg, args.host, args.port + i)
+            port = args.port + i
+            try:
+                sim = await start_simulator(cfg, args.host, port)
+            except OSError as exc:
+                raise SystemExit(
+                    f"gateway sim: cannot listen on {args.host}:{port}: {exc}"
+                ) from exc
             sims.append(sim)
             print(
                 f"{sim.name} serving {cfg.model} on {sim.url} (cache {cfg.cache_blocks} blocks)",

@@ -70,6 +70,7 @@ class Sequence:
     """Generated tokens, as indexes into tokenizer.GENERATED_TOKENS."""
     cached_tokens: int = 0
     created_cache_tokens: int = 0
+    """Prompt tokens this request added to the cache, in new whole blocks."""
     computed: int = 0
     """Prompt tokens whose KV exists (cached or prefilled)."""
     held: list[int] = field(default_factory=list)
@@ -226,9 +227,11 @@ class Engine:
             self._commit(seq, seq.hashes[len(seq.held)])
 
     def _commit(self, seq: Sequence, h: int) -> None:
+        """Cache a block this sequence filled; a new prompt block counts as created."""
         from_private = seq.private > 0
         seq.private -= from_private
-        if self.cache.commit(h, from_private):
+        new = self.cache.commit(h, from_private)
+        if new and len(seq.held) < len(seq.hashes):
             seq.created_cache_tokens += self.config.block_size
         seq.held.append(h)
 

@@ -115,16 +115,16 @@ def _generate_request(
     if not prompt:
         raise SimError("The decoder prompt cannot be empty", param="prompt")
     n, cap = len(prompt), config.max_model_len
-    if n > cap or (limit is not None and n + limit > cap):
+    # At least one token must fit after the prompt.
+    if n >= cap or (limit is not None and n + limit > cap):
         raise SimError(
             f"This model's maximum context length is {cap} tokens. However, you requested "
             f"{n + (limit or 0)} tokens ({n} in the messages, {limit or 0} in the completion). "
             "Please reduce the length of the messages or completion.",
             param="input_tokens",
         )
-    if limit is None:
-        limit_left = cap - n
-        limit = None if config.default_max_tokens <= limit_left else limit_left
+    if limit is None and config.default_max_tokens > cap - n:
+        limit = cap - n  # the default answer would not fit: it stops at the context end
     options = body.get("stream_options")
     include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
     return GenerateRequest(prompt, limit, bool(body.get("stream")), include_usage)

@@ -25,6 +25,8 @@ from gateway.sim.http import Connection, Request, Response, Result, headers_bloc
 from gateway.sim.protocol import GenerateRequest, SimError
 
 INSTANCE_HEADER = "x-backend-instance"
+VERSION = "0.32.0+sim"
+"""The vLLM version whose dialect the simulator speaks."""
 _DONE = b"data: [DONE]\n\n"
 _NOT_FOUND = Response(404, b'{"detail":"Not Found"}')
 _NOT_ALLOWED = Response(405, b'{"detail":"Method Not Allowed"}')
@@ -36,6 +38,25 @@ def _json(body: Any, status: int = 200) -> Response:
 
 def _event(chunk: dict[str, Any]) -> bytes:
     return b"data: " + orjson.dumps(chunk) + b"\n\n"
+
+
+def _opening(reply: protocol.Reply) -> bytes:
+    """A chat stream opens with the assistant's role and empty content; completions don't."""
+    return _event(reply.chunk("", None, role=True)) if reply.chat else b""
+
+
+def _tokens(reply: protocol.Reply, seq: Sequence, tokens: list[int], sent: int) -> bytes:
+    """Events for tokens, which follow the sent first ones; the last carries finish_reason."""
+    out = bytearray()
+    for n, i in enumerate(tokens, sent + 1):
+        finish = seq.finish_reason if n == len(seq.output) else None
+        out += _event(reply.chunk(tokenizer.GENERATED_TOKENS[i], finish))
+    return bytes(out)
+
+
+def _closing(reply: protocol.Reply, seq: Sequence, req: GenerateRequest) -> bytes:
+    usage = _event(reply.usage_chunk(seq)) if req.include_usage else b""
+    return usage + _DONE
 
 
 class SimServer:
@@ -56,6 +77,8 @@ class SimServer:
             "/v1/models": ("GET", self.models),
             "/health": ("GET", self.health),
             "/health_generate": ("GET", self.health),
+            "/ping": ("GET", self.health),
+            "/version": ("GET", self.version),
             "/metrics": ("GET", self.metrics),
             "/server_info": ("GET", self.server_info),
             "/get_server_info": ("GET", self.server_info),
@@ -97,42 +120,40 @@ class SimServer:
 
     def _generate(self, request: Request, req: GenerateRequest, chat: bool) -> Result:
         seq = self.engine.submit(req.prompt, req.max_tokens)
-        if req.stream:
-            return self._stream(request, seq, req.include_usage, chat)
-        if seq.finish_reason is not None:  # instant mode: no task, no await
-            return _json(protocol.Reply(chat, self.config.model).whole(seq))
-        return self._wait(seq, chat)
+        reply = protocol.Reply(chat, self.config.model)
+        if seq.finish_reason is None:
+            if req.stream:
+                return self._stream(request, reply, seq, req)
+            return self._wait(reply, seq)
+        # Instant mode: the answer is complete, so it goes out in one write, no task.
+        if not req.stream:
+            return _json(reply.whole(seq))
+        sse = _opening(reply) + _tokens(reply, seq, seq.output, 0) + _closing(reply, seq, req)
+        return Response(200, sse, b"text/event-stream")
 
-    async def _wait(self, seq: Sequence, chat: bool) -> Response:
+    async def _wait(self, reply: protocol.Reply, seq: Sequence) -> Response:
         try:
             while seq.finish_reason is None:
                 await seq.tokens()
         finally:
             self.engine.abort(seq)  # a no-op unless the client left before the end
-        return _json(protocol.Reply(chat, self.config.model).whole(seq))
+        return _json(reply.whole(seq))
 
     async def _stream(
-        self, request: Request, seq: Sequence, include_usage: bool, chat: bool
+        self, request: Request, reply: protocol.Reply, seq: Sequence, req: GenerateRequest
     ) -> None:
         try:
             stream = request.stream()
-            reply = protocol.Reply(chat, self.config.model)
-            if chat:
-                await stream.write(_event(reply.chunk("", None, role=True)))
+            if opening := _opening(reply):
+                await stream.write(opening)
             sent = 0
             while new := await seq.tokens():
-                out = bytearray()
-                for i in new:
-                    sent += 1
-                    finish = seq.finish_reason if sent == len(seq.output) else None
-                    out += _event(reply.chunk(tokenizer.GENERATED_TOKENS[i], finish))
-                await stream.write(bytes(out))
-            if include_usage:
-                await stream.write(_event(reply.usage_chunk(seq)))
-            await stream.write(_DONE)
+                await stream.write(_tokens(reply, seq, new, sent))
+                sent += len(new)
+            await stream.write(_closing(reply, seq, req))
             stream.end()
         finally:
-            self.engine.abort(seq)
+            self.engine.abort(seq)  # a no-op unless the client left before the end
 
     # -- the rest of the surface ----------------------------------------------------------
 
@@ -175,6 +196,9 @@ class SimServer:
     def health(self, request: Request) -> Result:
         return Response(200, b"")
 
+    def version(self, request: Request) -> Result:
+        return _json({"version": VERSION})
+
     def metrics(self, request: Request) -> Result:
         return Response(
             200, metrics.render(self.registry), b"text/plain; version=0.0.4; charset=utf-8"
@@ -202,7 +226,7 @@ class SimServer:
                 "disable_radix_cache": False,
                 "dp_size": 1,
                 "tp_size": 1,
-                "version": "0.32.0-sim",
+                "version": VERSION,
                 "instance": self.name,
                 "internal_states": [{"num_running": len(e.running), "num_waiting": len(e.waiting)}],
             }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 
 from gateway.sim.http import Connection, Request, Response, Result
 from tests.e2e.sim.conftest import StartSim
@@ -139,5 +140,30 @@ async def test_a_failing_handler_gets_a_500_and_the_connection_closes() -> None:
             assert await asyncio.wait_for(reader.read(), 5) == b""
             writer.close()
     finally:
+        server.close()
+        await server.wait_closed()
+
+
+async def test_accepted_sockets_send_small_writes_at_once() -> None:
+    """TCP_NODELAY: without it a reused connection's streamed tokens wait ~40 ms each."""
+    loop = asyncio.get_running_loop()
+    live: set[Connection] = set()
+    # A socket made as start_simulator makes it (proto 0), for which asyncio itself
+    # does not set TCP_NODELAY on accepted connections.
+    listening = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listening.bind(("127.0.0.1", 0))
+    server = await loop.create_server(
+        lambda: Connection(lambda r: Response(200, b""), b"", live), sock=listening
+    )
+    port = listening.getsockname()[1]
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+    await asyncio.wait_for(read_response(reader), 5)
+    try:
+        (conn,) = live
+        sock = conn.transport.get_extra_info("socket")
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
+    finally:
+        writer.close()
         server.close()
         await server.wait_closed()

@@ -1,4 +1,5 @@
 import argparse
+import socket
 
 import pytest
 
@@ -42,3 +43,12 @@ def test_defaults_are_simconfigs() -> None:
 def test_inconsistent_options_exit_with_a_message(argv: tuple[str, ...]) -> None:
     with pytest.raises(SystemExit, match=r"."):
         cli.configs(parse(*argv))
+
+
+def test_a_busy_port_exits_with_a_message() -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(SystemExit, match=f"cannot listen on 127.0.0.1:{port}"):
+            cli.run(parse("--port", str(port)))
