@@ -8,6 +8,8 @@
 # Run setup.sh first. Pid files and logs go to VLLM_CPU_RUN (default $VLLM_CPU_HOME/run);
 # give each concurrent user its own run dir. Each server runs in its own session, so a
 # stop reaches its engine processes too. A server already answering on its port is reused.
+# VLLM_CPU_NICE (default 0) lowers the servers' CPU priority: on a busy machine the
+# clients under test then keep up with the engine.
 set -euo pipefail
 
 VLLM_CPU_HOME=${VLLM_CPU_HOME:-/var/tmp/gateway-vllm-cpu}
@@ -25,10 +27,10 @@ launch() {
   local port=$1
   # setsid: the server leads its own process group, so stop can signal the whole group.
   # Our own VLLM_CPU_* knobs are dropped: vLLM warns about VLLM_* names it does not know.
-  env -u VLLM_CPU_HOME -u VLLM_CPU_RUN -u VLLM_CPU_START_TIMEOUT \
+  env -u VLLM_CPU_HOME -u VLLM_CPU_RUN -u VLLM_CPU_START_TIMEOUT -u VLLM_CPU_NICE \
     HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 \
     VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}" \
-    setsid "$PY" -m vllm.entrypoints.openai.api_server \
+    nice -n "${VLLM_CPU_NICE:-0}" setsid "$PY" -m vllm.entrypoints.openai.api_server \
     --model "$MODEL" --served-model-name tiny --host 127.0.0.1 --port "$port" \
     --dtype bfloat16 --max-model-len 4096 --max-num-seqs 8 --enforce-eager \
     --enable-prefix-caching --enable-prompt-tokens-details --block-size 32 \

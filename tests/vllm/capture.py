@@ -174,15 +174,27 @@ def write(out: Path, name: str, data: Any) -> None:
     (out / f"{name}.json").write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
 
 
+def details_keys(answers: dict[str, dict[str, Any]]) -> dict[str, list[str]]:
+    """The keys of usage.prompt_tokens_details in each answer that has usage."""
+    out = {}
+    for name, answer in answers.items():
+        bodies = answer.get("events") or [answer.get("body")]
+        for body in bodies:
+            if isinstance(body, dict) and isinstance(body.get("usage"), dict):
+                out[name] = sorted(body["usage"]["prompt_tokens_details"] or {})
+    return out
+
+
 def main(argv: list[str]) -> int:
     base, out = argv[0], Path(argv[1])
     out.mkdir(parents=True, exist_ok=True)
     with httpx.Client(base_url=base, timeout=60) as client:
         write(out, "models", {"status": 200, "body": client.get("/v1/models").json()})
-        for name, (path, body) in PLAIN.items():
-            write(out, name, plain(client, path, body))
-        for name, (path, body) in STREAMS.items():
-            write(out, name, stream(client, path, body))
+        answers = {name: plain(client, path, body) for name, (path, body) in PLAIN.items()}
+        answers |= {name: stream(client, path, body) for name, (path, body) in STREAMS.items()}
+        for name, answer in answers.items():
+            write(out, name, answer)
+        write(out, "prompt_tokens_details_keys", details_keys(answers))
         write(out, "cached_repeat", cached_repeat(client))
         exposition = client.get("/metrics").text
         (out / "metric_names.txt").write_text("\n".join(metric_names(exposition)) + "\n")

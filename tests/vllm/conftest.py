@@ -59,7 +59,9 @@ def consecutive_free_ports(n: int) -> int:
 @pytest.fixture(scope="session")
 def vllm_urls(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]:
     """Base URLs of two real vLLM servers serving the tiny model as `tiny`."""
-    env = {"VLLM_CPU_RUN": str(tmp_path_factory.mktemp("vllm-run"))}
+    # Niced: on a loaded 2-core machine a starved test client would otherwise read the
+    # first chunk of a stream only after vLLM had finished it.
+    env = {"VLLM_CPU_RUN": str(tmp_path_factory.mktemp("vllm-run")), "VLLM_CPU_NICE": "10"}
     run_script([str(DEPLOY / "setup.sh")], env, SETUP_TIMEOUT)
     base = consecutive_free_ports(SERVERS)
     serve = str(DEPLOY / "serve.sh")
