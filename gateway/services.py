@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry
 
 from gateway.backends import BackendPool
+from gateway.batching import Batcher
 from gateway.index import open_index
 from gateway.index.base import PrefixIndex
 from gateway.ledger import Ledger
@@ -35,6 +36,7 @@ class Services:
     index: PrefixIndex
     policy: Policy
     ledger: Ledger
+    batching: Batcher
     started_at: float
 
     @classmethod
@@ -60,6 +62,8 @@ class Services:
             backends = BackendPool(settings.models, settings.upstream, metrics)
             await backends.start()
             stack.push_async_callback(backends.aclose)
+            batcher = Batcher(settings.batching)
+            stack.push_async_callback(batcher.aclose)
             yield cls(
                 settings=settings,
                 registry=registry,
@@ -70,6 +74,7 @@ class Services:
                 index=index,
                 policy=make_policy(settings.routing),
                 ledger=ledger,
+                batching=batcher,
                 started_at=time.time(),
             )
 
