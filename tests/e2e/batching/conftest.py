@@ -9,11 +9,13 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import ExitStack
 from pathlib import Path
 
 import aiohttp
+import httpx
+import openai
 import pytest
 from aiohttp import web
 
@@ -80,9 +82,10 @@ class CountingProxy:
 
 
 class Upstreams:
-    """The proxies in front of the simulators, and what they counted."""
+    """The simulators, the proxies in front of them, and what the proxies counted."""
 
-    def __init__(self, proxies: list[CountingProxy]) -> None:
+    def __init__(self, sims: list[str], proxies: list[CountingProxy]) -> None:
+        self.sims = sims
         self.proxies = proxies
 
     def posts(self, path: str) -> int:
@@ -93,7 +96,7 @@ class Upstreams:
 def upstreams() -> Iterator[Upstreams]:
     with ExitStack() as stack:
         sims = start_sims(stack, 2)
-        yield Upstreams([stack.enter_context(CountingProxy(url)) for url in sims])
+        yield Upstreams(sims, [stack.enter_context(CountingProxy(url)) for url in sims])
 
 
 @pytest.fixture(scope="package")
@@ -108,3 +111,20 @@ def gateway(upstreams: Upstreams, tmp_path_factory: pytest.TempPathFactory) -> I
     )
     with gateway_process("serve", "--config", str(cfg)) as url:
         yield url
+
+
+@pytest.fixture
+async def client(gateway: str) -> AsyncIterator[openai.AsyncOpenAI]:
+    async with openai.AsyncOpenAI(base_url=gateway + "/v1", api_key="unused", max_retries=0) as c:
+        yield c
+
+
+def batched(gateway: str, mechanism: str) -> float:
+    """gateway_batched_requests_total for the mechanism, summed over endpoints."""
+    text = httpx.get(gateway + "/metrics").text
+    prefix = "gateway_batched_requests_total{"
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(prefix) and f'mechanism="{mechanism}"' in line
+    )

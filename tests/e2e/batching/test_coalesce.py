@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
 import openai
-import pytest
 
-from tests.e2e.batching.conftest import Upstreams
+from tests.e2e.batching.conftest import Upstreams, batched
 from tests.e2e.conftest import MODEL
 
 CHAT = "/v1/chat/completions"
@@ -20,23 +17,6 @@ CHAT = "/v1/chat/completions"
 def messages(tag: str) -> list[dict[str, str]]:
     """A prompt no other test sends: the calls under test are alone in flight."""
     return [{"role": "user", "content": f"{tag} {os.urandom(6).hex()} tell me a story"}]
-
-
-def batched(gateway: str, mechanism: str) -> float:
-    """gateway_batched_requests_total for the mechanism, summed over endpoints."""
-    text = httpx.get(gateway + "/metrics").text
-    prefix = "gateway_batched_requests_total{"
-    return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith(prefix) and f'mechanism="{mechanism}"' in line
-    )
-
-
-@pytest.fixture
-async def client(gateway: str) -> AsyncIterator[openai.AsyncOpenAI]:
-    async with openai.AsyncOpenAI(base_url=gateway + "/v1", api_key="unused", max_retries=0) as c:
-        yield c
 
 
 async def test_identical_calls_share_one_upstream_call(
