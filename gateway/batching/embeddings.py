@@ -1,10 +1,11 @@
 """Micro-batching: concurrent embeddings calls within a short window go upstream as one.
 
-Calls for the same model with the same options that arrive within ``embeddings_window``
-of the first are sent as one list request (at most ``embeddings_max_batch`` inputs);
-each caller gets its own slice of the answer, indices renumbered from 0, and its share
-of the usage. A batch the backend refuses as a bad request is re-sent call by call, so
-one caller's bad input never fails the others.
+A call that finds no upstream call of its kind (same model, same options) in flight is
+sent at once: batching never delays an idle gateway. Otherwise calls that arrive within
+``embeddings_window`` of each other are sent as one list request (at most
+``embeddings_max_batch`` inputs); each caller gets its own slice of the answer, indices
+renumbered from 0, and its share of the usage. A batch the backend refuses as a bad
+request is re-sent call by call, so one caller's bad input never fails the others.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import asyncio
 import contextlib
 import hashlib
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -64,6 +66,8 @@ class EmbeddingBatcher:
         self._max = settings.embeddings_max_batch
         self._open: dict[bytes, Batch] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._busy: Counter[bytes] = Counter()
+        """Upstream calls in flight per group: a call that finds none is sent at once."""
 
     async def submit(
         self, call: Call, upstream_model: str, payload: bytes, send: Send
@@ -75,6 +79,9 @@ class EmbeddingBatcher:
             return await send(call, payload, None)
         key = group_key(body)
         batch = self._open.get(key)
+        if batch is None and not self._busy[key]:
+            with self._sending(key):  # nothing to wait for: no window, no added latency
+                return await send(call, payload, None)
         if batch is not None and batch.size + len(inputs) > self._max:
             self._seal(key, batch)
             batch = None
@@ -101,6 +108,17 @@ class EmbeddingBatcher:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
+    @contextlib.contextmanager
+    def _sending(self, key: bytes) -> Iterator[None]:
+        """Count an upstream call of the group in flight while the block runs."""
+        self._busy[key] += 1
+        try:
+            yield
+        finally:
+            self._busy[key] -= 1
+            if not self._busy[key]:
+                del self._busy[key]
+
     def _seal(self, key: bytes, batch: Batch) -> None:
         """No more members: send now."""
         if self._open.get(key) is batch:
@@ -112,10 +130,11 @@ class EmbeddingBatcher:
             await asyncio.wait_for(batch.full.wait(), self._window)
         self._seal(key, batch)
         try:
-            if len(batch.members) == 1:
-                await self._alone(batch.members[0], send)
-            else:
-                await self._together(batch, send)
+            with self._sending(key):
+                if len(batch.members) == 1:
+                    await self._alone(batch.members[0], send)
+                else:
+                    await self._together(batch, send)
         finally:
             # Cancelled at shutdown, or failed unexpectedly: nobody may wait forever.
             fail(batch.members, BadGateway("the batched upstream call failed"))

@@ -22,14 +22,21 @@ from aiohttp import web
 from tests.e2e.conftest import start_sims, write_config
 from tests.servers import gateway_process
 
+EMBEDDINGS_DELAY = 0.2
+"""Seconds each upstream embeddings call takes (the simulator answers at once)."""
 HOP_HEADERS = {"content-length", "transfer-encoding", "connection", "content-encoding"}
 
 
 class CountingProxy:
-    """A pass-through proxy on loopback, in its own thread, counting POSTs by path."""
+    """A pass-through proxy on loopback, in its own thread, counting POSTs by path.
 
-    def __init__(self, target: str) -> None:
+    POSTs to a path in ``delays`` are held that many seconds first: a backend slower than
+    the instant simulated one, so that calls a test sends together overlap upstream.
+    """
+
+    def __init__(self, target: str, delays: dict[str, float] | None = None) -> None:
         self.target = target
+        self.delays = delays or {}
         self.posts: Counter[str] = Counter()
         self.url = ""
         self._loop = asyncio.new_event_loop()
@@ -64,6 +71,7 @@ class CountingProxy:
     async def _forward(self, request: web.Request) -> web.StreamResponse:
         if request.method == "POST":
             self.posts[request.path] += 1
+            await asyncio.sleep(self.delays.get(request.path, 0))
         headers = {k: v for k, v in request.headers.items() if k.lower() != "host"}
         body = await request.read()
         url = self.target + request.path_qs
@@ -96,7 +104,8 @@ class Upstreams:
 def upstreams() -> Iterator[Upstreams]:
     with ExitStack() as stack:
         sims = start_sims(stack, 2)
-        yield Upstreams(sims, [stack.enter_context(CountingProxy(url)) for url in sims])
+        delays = {"/v1/embeddings": EMBEDDINGS_DELAY}
+        yield Upstreams(sims, [stack.enter_context(CountingProxy(u, delays)) for u in sims])
 
 
 @pytest.fixture(scope="package")
