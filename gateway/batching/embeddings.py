@@ -126,10 +126,10 @@ class EmbeddingBatcher:
         batch.full.set()
 
     async def _run(self, key: bytes, batch: Batch, send: Send) -> None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(batch.full.wait(), self._window)
-        self._seal(key, batch)
         try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(batch.full.wait(), self._window)
+            self._seal(key, batch)
             with self._sending(key):
                 if len(batch.members) == 1:
                     await self._alone(batch.members[0], send)
@@ -137,6 +137,7 @@ class EmbeddingBatcher:
                     await self._together(batch, send)
         finally:
             # Cancelled at shutdown, or failed unexpectedly: nobody may wait forever.
+            self._seal(key, batch)
             fail(batch.members, BadGateway("the batched upstream call failed"))
 
     async def _alone(self, member: Member, send: Send) -> None:

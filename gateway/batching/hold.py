@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
 
 import orjson
 
 from gateway.backends import Backend
 from gateway.batching.answers import Answer
+from gateway.errors import BackendUnavailable
 from gateway.flow import Call, Decision
 from gateway.settings import BatchingSettings
 
@@ -26,12 +28,22 @@ COLD: frozenset[Decision] = frozenset({"miss", "affinity", "fallback"})
 """Routing decisions that mean no backend was found holding the prefix."""
 
 
+@dataclass(slots=True)
+class Leader:
+    released: asyncio.Future[str | None]
+    """Its backend's name once its first token arrived; None if it failed first."""
+    deadline: float
+    """Loop time after which nobody waits for it and the next call leads anew:
+    hold_max_wait bounds the hold as a whole, so a leader that never answers cannot tax
+    every later call with the same prefix."""
+
+
 class PrefixHold:
     """Leaders in flight by prefix; each holds a future its followers wait on."""
 
     def __init__(self, settings: BatchingSettings) -> None:
         self._settings = settings
-        self._leaders: dict[tuple[str, int], asyncio.Future[str | None]] = {}
+        self._leaders: dict[tuple[str, int], Leader] = {}
 
     def key(self, call: Call) -> tuple[str, int] | None:
         """The model and the hash naming the call's first ``hold_min_tokens`` tokens."""
@@ -48,28 +60,35 @@ class PrefixHold:
         if key is None:
             return await send(call, payload, None)
         leader = self._leaders.get(key)
-        if leader is not None:
+        if leader is not None and leader.deadline > asyncio.get_running_loop().time():
             backend = await self._wait(leader)
             if backend is not None:
                 call.served_by = "held"
-            return await send(call, payload, backend)
+                try:
+                    return await send(call, payload, backend)
+                except BackendUnavailable:
+                    call.served_by = "upstream"  # the leader's backend went away: route anew
+            return await send(call, payload, None)
         return await self._lead(call, key, payload, send)
 
-    async def _wait(self, leader: asyncio.Future[str | None]) -> str | None:
+    async def _wait(self, leader: Leader) -> str | None:
+        """The leader's backend once its prefix is computed; None after the deadline."""
+        left = leader.deadline - asyncio.get_running_loop().time()
         try:
-            return await asyncio.wait_for(asyncio.shield(leader), self._settings.hold_max_wait)
+            return await asyncio.wait_for(asyncio.shield(leader.released), left)
         except TimeoutError:
             return None
 
     async def _lead(
         self, call: Call, key: tuple[str, int], payload: bytes, send: Send
     ) -> tuple[Backend, Answer]:
-        leader: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        leader = Leader(loop.create_future(), loop.time() + self._settings.hold_max_wait)
         self._leaders[key] = leader
 
         def release(backend: str | None) -> None:
-            if not leader.done():
-                leader.set_result(backend)
+            if not leader.released.done():
+                leader.released.set_result(backend)
             if self._leaders.get(key) is leader:
                 del self._leaders[key]
 

@@ -32,8 +32,10 @@ class SharedAnswer:
         self._done = False
         self._changed = asyncio.Event()
         self._listeners = 0
+        self._complete = False
+        self._on_end = on_end
         self._pump = asyncio.get_running_loop().create_task(self._run(), name="shared-answer")
-        self._pump.add_done_callback(lambda _: on_end(self))
+        self._pump.add_done_callback(self._finished)
 
     def listen(self) -> Listener | None:
         """A new listener from the first byte; None when the answer was abandoned."""
@@ -48,21 +50,23 @@ class SharedAnswer:
         await asyncio.gather(self._pump, return_exceptions=True)
 
     async def _run(self) -> None:
-        complete = False
         try:
             async for chunk in self._upstream.content.iter_any():
                 self._chunks.append(chunk)
                 self._wake()
-            complete = True
+            self._complete = True
         except RELAYED_ERRORS as exc:
             self._error = exc
-        finally:
-            self._done = True
-            self._wake()
-            if complete:
-                self._upstream.release()
-            else:
-                self._upstream.close()
+
+    def _finished(self, _: asyncio.Task[None]) -> None:
+        """Also runs for a pump cancelled before it started, whose body never ran."""
+        self._done = True
+        self._wake()
+        if self._complete:
+            self._upstream.release()
+        else:
+            self._upstream.close()
+        self._on_end(self)
 
     def _wake(self) -> None:
         # Every waiter's wait() resolves on set(); clearing at once re-arms the event.

@@ -1,8 +1,10 @@
+import asyncio
 from typing import Any
 
-from gateway.batching.coalesce import coalesce_key, own_copy
+from gateway.batching.coalesce import Coalescer, coalesce_key, own_copy
 from gateway.errors import UpstreamError
 from gateway.flow import Endpoint, Request
+from tests.unit.batching.fakes import FakeSend, FakeUpstream, chat_call
 
 
 def request(endpoint: Endpoint = "chat", **body: Any) -> Request:
@@ -46,3 +48,40 @@ def test_each_caller_gets_its_own_copy_of_an_error() -> None:
     clone.headers["x-request-id"] = "follower"
     assert exc.headers["x-request-id"] == "leader"
     assert (clone.status, clone.json(), type(clone)) == (400, b'{"error": {}}', UpstreamError)
+
+
+async def test_followers_share_the_leaders_answer_and_error() -> None:
+    coalescer = Coalescer()
+    send = FakeSend(errors=[UpstreamError(400, b'{"error": {"message": "bad"}}')])
+    calls = [chat_call(temperature=0) for _ in range(3)]
+    results = await asyncio.gather(
+        *(coalescer.submit(c, b"k", b"body", lambda c, p: send(c, p, None)) for c in calls),
+        return_exceptions=True,
+    )
+    assert len(send.sent) == 1
+    assert all(
+        isinstance(r, UpstreamError) and r.raw == b'{"error": {"message": "bad"}}' for r in results
+    )
+    assert len({id(r) for r in results}) == 3, "each caller gets its own error object"
+    answers = await asyncio.gather(
+        *(coalescer.submit(c, b"k", b"body", lambda c, p: send(c, p, None)) for c in calls)
+    )
+    assert len(send.sent) == 2
+    assert [await a.read() for _, a in answers] == [b"answer"] * 3
+    assert [c.served_by for c in calls] == ["upstream", "coalesced", "coalesced"]
+    assert all(c.route == calls[0].route for c in calls)
+
+
+async def test_an_abandoned_answer_is_not_joined() -> None:
+    coalescer, first = Coalescer(), FakeUpstream()
+    send = FakeSend(answers=[first])
+    forward = lambda c, p: send(c, p, None)  # noqa: E731
+    _, answer = await coalescer.submit(chat_call(temperature=0), b"k", b"body", forward)
+    answer.close()  # its only listener leaves mid-answer: the upstream call is cancelled
+    await asyncio.sleep(0.01)
+    assert first.closed
+    late = chat_call(temperature=0)
+    _, fresh = await coalescer.submit(late, b"k", b"body", forward)
+    assert len(send.sent) == 2
+    assert late.served_by == "upstream"
+    assert await fresh.read() == b"answer"

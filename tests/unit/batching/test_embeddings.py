@@ -1,14 +1,20 @@
+import asyncio
+
 import orjson
 import pytest
 
 from gateway.batching.embeddings import (
+    EmbeddingBatcher,
     group_key,
     largest_remainder,
     split_response,
     text_inputs,
     weight,
 )
-from gateway.errors import BadGateway
+from gateway.errors import BadGateway, UpstreamError
+from gateway.flow import Call
+from gateway.settings import BatchingSettings
+from tests.unit.batching.fakes import FakeSend, FakeUpstream, embeddings_call
 
 
 @pytest.mark.parametrize(
@@ -77,3 +83,67 @@ def test_calls_group_by_everything_but_input_and_user() -> None:
     assert group_key(a) == group_key(b)
     assert group_key(a) != group_key({**a, "encoding_format": "base64"})
     assert group_key(a) != group_key({**a, "model": "other"})
+
+
+def list_answer(n: int) -> FakeUpstream:
+    return FakeUpstream(upstream_answer(n, 10 * n))
+
+
+async def submit_all(batcher: EmbeddingBatcher, calls: list[Call], send: FakeSend) -> list:
+    return await asyncio.gather(
+        *(batcher.submit(c, "up", b"own", send) for c in calls), return_exceptions=True
+    )
+
+
+async def test_an_idle_group_sends_at_once_and_a_busy_one_batches() -> None:
+    batcher = EmbeddingBatcher(BatchingSettings(embeddings_window=0.01))
+    slow = asyncio.Event()
+    send = FakeSend(answers=[FakeUpstream(b"x"), list_answer(3)], gates=[slow])
+    first = asyncio.create_task(batcher.submit(embeddings_call("a"), "up", b"own", send))
+    await asyncio.sleep(0)
+    assert send.sent[0][1] == b"own", "nothing in flight: sent as it came"
+    calls = [embeddings_call("bb"), embeddings_call(["c", "dddd"])]
+    got = await submit_all(batcher, calls, send)
+    assert len(send.sent) == 2
+    assert orjson.loads(send.sent[1][1]) == {"model": "up", "input": ["bb", "c", "dddd"]}
+    bodies = [orjson.loads(await answer.read()) for _, answer in got]
+    assert [len(b["data"]) for b in bodies] == [1, 2]
+    # 30 tokens split 2 : 5 by characters: 8.57 and 21.43, the larger remainder rounds up.
+    assert [b["usage"]["prompt_tokens"] for b in bodies] == [9, 21]
+    assert [c.served_by for c in calls] == ["upstream", "batched"]
+    slow.set()
+    await first
+
+
+async def test_a_full_batch_goes_without_waiting_for_the_window() -> None:
+    batcher = EmbeddingBatcher(BatchingSettings(embeddings_window=5.0, embeddings_max_batch=4))
+    slow = asyncio.Event()
+    send = FakeSend(answers=[FakeUpstream(b"x"), list_answer(4)], gates=[slow])
+    first = asyncio.create_task(batcher.submit(embeddings_call("x"), "up", b"own", send))
+    await asyncio.sleep(0)
+    calls = [embeddings_call(["a", "b"]), embeddings_call(["c", "d"]), embeddings_call("e")]
+    got = await asyncio.wait_for(submit_all(batcher, calls[:2], send), 1.0)
+    assert [len(orjson.loads(await a.read())["data"]) for _, a in got] == [2, 2]
+    last = asyncio.create_task(submit_all(batcher, calls[2:], send))
+    await asyncio.sleep(0.01)
+    assert not last.done(), "a batch that is not full waits for its window"
+    await batcher.aclose()
+    assert isinstance((await last)[0], BadGateway), "closing answers every waiting call"
+    slow.set()
+    await first
+
+
+async def test_a_refused_batch_is_resent_call_by_call() -> None:
+    batcher = EmbeddingBatcher(BatchingSettings(embeddings_window=0.01))
+    refused = UpstreamError(400, b'{"error": {"message": "too long"}}')
+    slow = asyncio.Event()
+    send = FakeSend(answers=[FakeUpstream(b"x")], errors=[], gates=[slow])
+    first = asyncio.create_task(batcher.submit(embeddings_call("x"), "up", b"own", send))
+    await asyncio.sleep(0)
+    send.errors = [refused]
+    calls = [embeddings_call("a"), embeddings_call("b")]
+    got = await submit_all(batcher, calls, send)
+    assert [payload for _, payload, _ in send.sent[2:]] == [b"own", b"own"]
+    assert [await a.read() for _, a in got] == [b"answer", b"answer"]
+    slow.set()
+    await first

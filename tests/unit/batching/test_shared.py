@@ -1,41 +1,12 @@
 """The shared answer against an in-memory upstream that releases chunks on demand."""
 
 import asyncio
-from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
 
 from gateway.batching.shared import Listener, SharedAnswer
-
-
-class FakeUpstream:
-    """An upstream answer whose chunks a test feeds one by one (the Answer protocol)."""
-
-    def __init__(self) -> None:
-        self.headers = {"x-backend-instance": "b1"}
-        self.queue: asyncio.Queue[bytes | BaseException | None] = asyncio.Queue()
-        self.closed = False
-        self.released = False
-
-    @property
-    def content(self) -> "FakeUpstream":
-        return self
-
-    async def iter_any(self) -> AsyncIterator[bytes]:
-        while (item := await self.queue.get()) is not None:
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-
-    async def read(self) -> bytes:
-        return b"".join([c async for c in self.iter_any()])
-
-    def release(self) -> None:
-        self.released = True
-
-    def close(self) -> None:
-        self.closed = True
+from tests.unit.batching.fakes import FakeUpstream
 
 
 async def settle() -> None:
