@@ -169,7 +169,7 @@ class EmbeddingBatcher:
         except GatewayError as exc:
             fail(members, exc)
             return
-        headers = dict(upstream.headers)
+        headers = upstream.headers
         for m, part in zip(members, parts, strict=True):
             if m.call is not leader:
                 m.call.route = replace(leader.route) if leader.route else None

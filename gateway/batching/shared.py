@@ -25,7 +25,7 @@ class SharedAnswer:
 
     def __init__(self, upstream: Answer, on_end: Callable[[SharedAnswer], object]) -> None:
         """``on_end`` runs once the answer is complete, failed or abandoned."""
-        self.headers: Mapping[str, str] = dict(upstream.headers)
+        self.headers: Mapping[str, str] = upstream.headers
         self._upstream = upstream
         self._chunks: list[bytes] = []
         self._error: BaseException | None = None
