@@ -1,11 +1,12 @@
-"""Micro-batching: concurrent embeddings calls within a short window go upstream as one.
+"""Micro-batching: concurrent embeddings calls go upstream as one list request.
 
 A call that finds no upstream call of its kind (same model, same options) in flight is
-sent at once: batching never delays an idle gateway. Otherwise calls that arrive within
-``embeddings_window`` of each other are sent as one list request (at most
-``embeddings_max_batch`` inputs); each caller gets its own slice of the answer, indices
-renumbered from 0, and its share of the usage. A batch the backend refuses as a bad
-request is re-sent call by call, so one caller's bad input never fails the others.
+sent at once: batching never delays an idle gateway. Otherwise calls are collected into
+one list request (at most ``embeddings_max_batch`` inputs) that goes when an upstream
+call of the group returns or ``embeddings_window`` has passed, whichever comes first.
+Each caller gets its own slice of the answer, indices renumbered from 0, and its share
+of the usage. A batch the backend refuses as a bad request is re-sent call by call, so
+one caller's bad input never fails the others.
 """
 
 from __future__ import annotations
@@ -110,7 +111,12 @@ class EmbeddingBatcher:
 
     @contextlib.contextmanager
     def _sending(self, key: bytes) -> Iterator[None]:
-        """Count an upstream call of the group in flight while the block runs."""
+        """Count an upstream call of the group in flight while the block runs.
+
+        When it returns, the group's open batch goes at once rather than at the end of its
+        window: the wait was for company, and company arrives only while calls are in
+        flight, so a fast backend is never kept waiting on the window.
+        """
         self._busy[key] += 1
         try:
             yield
@@ -118,6 +124,8 @@ class EmbeddingBatcher:
             self._busy[key] -= 1
             if not self._busy[key]:
                 del self._busy[key]
+            if (batch := self._open.get(key)) is not None:
+                self._seal(key, batch)
 
     def _seal(self, key: bytes, batch: Batch) -> None:
         """No more members: send now."""

@@ -147,3 +147,21 @@ async def test_a_refused_batch_is_resent_call_by_call() -> None:
     assert [await a.read() for _, a in got] == [b"answer", b"answer"]
     slow.set()
     await first
+
+
+async def test_a_batch_goes_when_the_call_in_flight_returns() -> None:
+    batcher = EmbeddingBatcher(BatchingSettings(embeddings_window=5.0))
+    slow = asyncio.Event()
+    send = FakeSend(answers=[FakeUpstream(b"x"), list_answer(2)], gates=[slow])
+    first = asyncio.create_task(batcher.submit(embeddings_call("x"), "up", b"own", send))
+    await asyncio.sleep(0)
+    waiting = asyncio.create_task(
+        submit_all(batcher, [embeddings_call("a"), embeddings_call("b")], send)
+    )
+    await asyncio.sleep(0.01)
+    assert len(send.sent) == 1, "collecting while the first call is upstream"
+    slow.set()
+    got = await asyncio.wait_for(waiting, 1.0)  # long before the 5 s window ends
+    assert len(send.sent) == 2
+    assert [len(orjson.loads(await a.read())["data"]) for _, a in got] == [1, 1]
+    await first
