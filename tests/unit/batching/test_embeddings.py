@@ -89,6 +89,13 @@ def list_answer(n: int) -> FakeUpstream:
     return FakeUpstream(upstream_answer(n, 10 * n))
 
 
+async def call_in_flight(batcher: EmbeddingBatcher, send: FakeSend) -> asyncio.Task:
+    """A first call: it finds its group idle and goes at once (held upstream by a gate)."""
+    first = asyncio.create_task(batcher.submit(embeddings_call("x"), "up", b"own", send))
+    await asyncio.sleep(0)
+    return first
+
+
 async def submit_all(batcher: EmbeddingBatcher, calls: list[Call], send: FakeSend) -> list:
     return await asyncio.gather(
         *(batcher.submit(c, "up", b"own", send) for c in calls), return_exceptions=True
@@ -99,8 +106,7 @@ async def test_an_idle_group_sends_at_once_and_a_busy_one_batches() -> None:
     batcher = EmbeddingBatcher(BatchingSettings(embeddings_window=0.01))
     slow = asyncio.Event()
     send = FakeSend(answers=[FakeUpstream(b"x"), list_answer(3)], gates=[slow])
-    first = asyncio.create_task(batcher.submit(embeddings_call("a"), "up", b"own", send))
-    await asyncio.sleep(0)
+    first = await call_in_flight(batcher, send)
     assert send.sent[0][1] == b"own", "nothing in flight: sent as it came"
     calls = [embeddings_call("bb"), embeddings_call(["c", "dddd"])]
     got = await submit_all(batcher, calls, send)
@@ -119,8 +125,7 @@ async def test_a_full_batch_goes_without_waiting_for_the_window() -> None:
     batcher = EmbeddingBatcher(BatchingSettings(embeddings_window=5.0, embeddings_max_batch=4))
     slow = asyncio.Event()
     send = FakeSend(answers=[FakeUpstream(b"x"), list_answer(4)], gates=[slow])
-    first = asyncio.create_task(batcher.submit(embeddings_call("x"), "up", b"own", send))
-    await asyncio.sleep(0)
+    first = await call_in_flight(batcher, send)
     calls = [embeddings_call(["a", "b"]), embeddings_call(["c", "d"]), embeddings_call("e")]
     got = await asyncio.wait_for(submit_all(batcher, calls[:2], send), 1.0)
     assert [len(orjson.loads(await a.read())["data"]) for _, a in got] == [2, 2]
@@ -138,8 +143,7 @@ async def test_a_refused_batch_is_resent_call_by_call() -> None:
     refused = UpstreamError(400, b'{"error": {"message": "too long"}}')
     slow = asyncio.Event()
     send = FakeSend(answers=[FakeUpstream(b"x")], errors=[], gates=[slow])
-    first = asyncio.create_task(batcher.submit(embeddings_call("x"), "up", b"own", send))
-    await asyncio.sleep(0)
+    first = await call_in_flight(batcher, send)
     send.errors = [refused]
     calls = [embeddings_call("a"), embeddings_call("b")]
     got = await submit_all(batcher, calls, send)
@@ -153,8 +157,7 @@ async def test_a_batch_goes_when_the_call_in_flight_returns() -> None:
     batcher = EmbeddingBatcher(BatchingSettings(embeddings_window=5.0))
     slow = asyncio.Event()
     send = FakeSend(answers=[FakeUpstream(b"x"), list_answer(2)], gates=[slow])
-    first = asyncio.create_task(batcher.submit(embeddings_call("x"), "up", b"own", send))
-    await asyncio.sleep(0)
+    first = await call_in_flight(batcher, send)
     waiting = asyncio.create_task(
         submit_all(batcher, [embeddings_call("a"), embeddings_call("b")], send)
     )
