@@ -150,7 +150,11 @@ class BatchingSettings(Section):
     """Calls sharing a long prefix that no backend holds wait for one leader's first token,
     then go to its backend."""
     hold_min_tokens: int = Field(256, ge=1)
-    """Shared leading tokens (gateway tokenizer) that make calls wait for one leader."""
+    """Calls wait for a leader when they share at least this many leading tokens with it
+    (gateway tokenizer)..."""
+    hold_min_share: float = Field(0.5, ge=0.0, le=1.0)
+    """...and that cover at least this share of the waiting call's own prompt (as the
+    routing policy's min_match_share: sharing only an opening is not worth the wait)."""
     hold_max_wait: float = Field(2.0, ge=0.0)
     """Seconds after a leader was sent that calls still wait for it; then they route as usual."""
     embeddings_window: float = Field(0.002, ge=0.0)

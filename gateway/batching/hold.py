@@ -32,6 +32,8 @@ COLD: frozenset[Decision] = frozenset({"miss", "affinity", "fallback"})
 class Leader:
     released: asyncio.Future[str | None]
     """Its backend's name once its first token arrived; None if it failed first."""
+    hashes: list[int]
+    """Its prompt's block hashes: how much of it a follower shares."""
     deadline: float
     """Loop time after which nobody waits for it and the next call leads anew:
     hold_max_wait bounds the hold as a whole, so a leader that never answers cannot tax
@@ -61,6 +63,8 @@ class PrefixHold:
             return await send(call, payload, None)
         leader = self._leaders.get(key)
         if leader is not None and leader.deadline > asyncio.get_running_loop().time():
+            if not self._worth_waiting(call, leader):
+                return await send(call, payload, None)
             backend = await self._wait(leader)
             if backend is not None:
                 call.served_by = "held"
@@ -70,6 +74,18 @@ class PrefixHold:
                     call.served_by = "upstream"  # the leader's backend went away: route anew
             return await send(call, payload, None)
         return await self._lead(call, key, payload, send)
+
+    def _worth_waiting(self, call: Call, leader: Leader) -> bool:
+        """Only when the leader's prompt covers enough of this one (hold_min_share).
+
+        A call that shares just an opening (a system prompt before its own long document)
+        would wait for the leader's whole prefill to save a small part of its own, and
+        following the leader would undo the routing policy's spreading of such calls.
+        """
+        assert call.prefix is not None
+        key = call.prefix
+        common = shared_blocks(key.hashes, leader.hashes) * key.block_size
+        return min(common, key.tokens) >= self._settings.hold_min_share * key.tokens
 
     async def _wait(self, leader: Leader) -> str | None:
         """The leader's backend once its prefix is computed; None after the deadline."""
@@ -83,7 +99,9 @@ class PrefixHold:
         self, call: Call, key: tuple[str, int], payload: bytes, send: Send
     ) -> tuple[Backend, Answer]:
         loop = asyncio.get_running_loop()
-        leader = Leader(loop.create_future(), loop.time() + self._settings.hold_max_wait)
+        assert call.prefix is not None
+        deadline = loop.time() + self._settings.hold_max_wait
+        leader = Leader(loop.create_future(), call.prefix.hashes, deadline)
         self._leaders[key] = leader
 
         def release(backend: str | None) -> None:
@@ -101,6 +119,14 @@ class PrefixHold:
             release(None)  # warm already: the others route to it as usual
             return backend, upstream
         return backend, TokenWatch(upstream, lambda ok: release(backend.name if ok else None))
+
+
+def shared_blocks(a: list[int], b: list[int]) -> int:
+    """Leading blocks two prompts share: their chained hashes agree up to there."""
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return min(len(a), len(b))
 
 
 class TokenWatch:

@@ -5,7 +5,7 @@ import orjson
 import pytest
 
 from gateway.batching.answers import Answer
-from gateway.batching.hold import FirstToken, PrefixHold, carries_token
+from gateway.batching.hold import FirstToken, PrefixHold, carries_token, shared_blocks
 from gateway.flow import Call, PrefixKey, Request
 from gateway.settings import BatchingSettings
 from tests.unit.batching.fakes import FakeSend, FakeUpstream, chat_call
@@ -128,3 +128,15 @@ async def test_a_leader_past_its_deadline_is_replaced() -> None:
     await asyncio.sleep(0.005)
     assert len(send.sent) == 2, "the follower waits for the new leader"
     await waiting
+
+
+async def test_a_call_sharing_only_an_opening_is_not_held() -> None:
+    hold = PrefixHold(BatchingSettings(hold_min_tokens=32, hold_min_share=0.5))
+    send = FakeSend(decision="miss", answers=[FakeUpstream()])
+    await hold.submit(chat_call([1, 2, 3, 4]), b"lead", send)  # never answers
+    follower = chat_call([1, 2, 7, 8, 9])  # shares 2 of its 5 blocks
+    await asyncio.wait_for(hold.submit(follower, b"follow", send), 1.0)
+    assert send.sent[-1][2] is None
+    assert follower.served_by == "upstream"
+    assert shared_blocks([1, 2, 3], [1, 2, 3, 4]) == 3
+    assert shared_blocks([1, 5], [1, 2]) == 1
