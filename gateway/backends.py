@@ -76,7 +76,7 @@ class BackendPool:
                 model.backends.append(backend)
             self.models[m.name] = model
         for backend in self.backends.values():
-            metrics.in_flight.labels(backend.name).set(0)
+            metrics.watch_in_flight(backend.name, lambda b=backend: b.in_flight)
             metrics.healthy.labels(backend.name).set(int(backend.healthy))
         self._tasks: list[asyncio.Task[None]] = []
         self._session: aiohttp.ClientSession | None = None

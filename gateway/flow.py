@@ -131,8 +131,8 @@ class Call:
     served_by: Literal["upstream", "coalesced", "batched", "held"] = "upstream"
     usage: Usage | None = None  # stages.usage
     cost: Cost | None = None  # stages.metering
-    output_text: list[str] = field(default_factory=list)
-    """Text delivered so far; kept only to estimate tokens when usage never arrives."""
+    reply: str = ""
+    """The answer's text (first choice): the next turn's prefix, for the index."""
 
     @property
     def model(self) -> str | None:

@@ -8,10 +8,17 @@ panels line up in Grafana.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.metrics import MetricWrapperBase
+from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
+
+M = TypeVar("M", bound=MetricWrapperBase)
 
 # vLLM's bucket boundaries (vllm/v1/metrics/loggers.py), so the panels line up.
 TTFT_BUCKETS = (
@@ -35,17 +42,37 @@ CONNECT_BUCKETS = (
 )  # fmt: skip
 
 
+@dataclass(slots=True, frozen=True)
+class CallSeries:
+    """The series one (model, backend, endpoint, stream) combination records into,
+    resolved once: a finished call updates them without a label lookup each."""
+
+    ttft: Histogram
+    tpot: Histogram
+    e2e: Histogram
+    overhead: Histogram
+    prompt: Counter
+    cached: Counter
+    completion: Counter
+    predicted_cached: Counter
+    reported_cached: Counter
+
+
 class GatewayMetrics:
     """Every metric the gateway records, created once per app on its registry.
 
     Gauges name a ``multiprocess_mode`` for `gateway serve --workers N`, where each worker
     writes its own values and a scrape merges them: in-flight counts add up, a backend
     counts as healthy only if every worker sees it so, and the index size is the last
-    one measured. Nothing uses ``set_function``, whose callback no other process can see.
+    one measured. ``multiprocess`` tells which: a ``set_function`` callback is free on
+    the request path but no other process can see it.
     """
 
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(self, registry: CollectorRegistry, multiprocess: bool = False) -> None:
         self.registry = registry
+        self.multiprocess = multiprocess
+        self._children: dict[tuple[MetricWrapperBase, tuple[str, ...]], MetricWrapperBase] = {}
+        self._series: dict[tuple[str, str, str, str], CallSeries] = {}
         call = ["model", "backend", "endpoint", "stream"]
         self.requests = Counter(
             "gateway_requests_total",
@@ -160,6 +187,51 @@ class GatewayMetrics:
             multiprocess_mode="mostrecent",
         )
 
+    def child(self, metric: M, *values: str) -> M:
+        """``metric.labels(*values)``, remembered.
+
+        labels() validates and takes a lock (~3 us) and a call records a dozen series;
+        this is one dict lookup. Label values are bounded (configured models and backends,
+        endpoints, statuses, error classes), so the cache is too.
+        """
+        key = (metric, values)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = metric.labels(*values)
+        return found  # type: ignore[return-value]
+
+    def series(self, model: str, backend: str, endpoint: str, stream: str) -> CallSeries:
+        """The per-call series of this combination (label values bounded as in child)."""
+        key = (model, backend, endpoint, stream)
+        found = self._series.get(key)
+        if found is None:
+            call, tokens = key, (model, backend)
+            found = self._series[key] = CallSeries(
+                ttft=self.ttft.labels(*call),
+                tpot=self.tpot.labels(*call),
+                e2e=self.e2e.labels(*call),
+                overhead=self.overhead.labels(*call),
+                prompt=self.tokens.labels(*tokens, "prompt"),
+                cached=self.tokens.labels(*tokens, "cached"),
+                completion=self.tokens.labels(*tokens, "completion"),
+                predicted_cached=self.predicted_cached.labels(model),
+                reported_cached=self.reported_cached.labels(model),
+            )
+        return found
+
+    def watch_in_flight(self, backend: str, read: Callable[[], int]) -> None:
+        """Report a backend's in-flight count: read at scrape time in one process; with
+        several, each worker counts its own calls in and out (see ``count_in_flight``)."""
+        gauge = self.in_flight.labels(backend)
+        if self.multiprocess:
+            gauge.set(0)
+        else:
+            gauge.set_function(read)
+
+    def count_in_flight(self, backend: str, delta: int) -> None:
+        if self.multiprocess:
+            self.child(self.in_flight, backend).inc(delta)
+
 
 def render(registry: CollectorRegistry, multiproc_dir: Path | None) -> bytes:
     """The exposition text. With several workers, every worker's values merged from the
@@ -169,3 +241,9 @@ def render(registry: CollectorRegistry, multiproc_dir: Path | None) -> bytes:
     merged = CollectorRegistry()
     MultiProcessCollector(merged, path=str(multiproc_dir))
     return generate_latest(merged)
+
+
+def release_process(multiproc_dir: Path) -> None:
+    """A worker that stops takes its live gauges (in flight, health, ledger queue) out of
+    the merged view; its counters stay, so totals never go backwards."""
+    mark_process_dead(os.getpid(), str(multiproc_dir))

@@ -28,6 +28,8 @@ access_log = logging.getLogger("gateway.access")
 MAX_ATTEMPTS = 2
 """A backend that refuses the connection costs one retry on another backend."""
 OVERHEAD_HEADER = "x-gateway-overhead-ms"
+ENDPOINTS = {path: endpoint for endpoint, path in forward.UPSTREAM_PATH.items()}
+"""Endpoint by path, to label a call whose body never parsed."""
 
 
 async def handle(call: Call, body: bytes, endpoint: Endpoint, svc: Services) -> Response:
@@ -53,7 +55,7 @@ async def handle(call: Call, body: bytes, endpoint: Endpoint, svc: Services) -> 
         finish(call, svc)
         raise
     call.done_at = time.perf_counter()
-    call.usage = usage.from_body(raw)
+    call.usage, call.reply = usage.from_body(raw)
     headers[OVERHEAD_HEADER] = milliseconds(finish(call, svc))
     return Response(raw, media_type="application/json", headers=headers)
 
@@ -119,8 +121,10 @@ def finish(call: Call, svc: Services, scanner: EventScanner | None = None) -> fl
         own = batching.owns_upstream(call)
         if own:
             occupy(svc.backends.backends[call.route.backend], svc, -1)
+        if scanner is not None and (call.usage is None or (own and call.prefix is not None)):
+            call.reply = usage.delivered_text(scanner.delivered)
         if call.usage is None:
-            call.usage = estimate_usage(call, scanner, svc)
+            call.usage = estimate_usage(call, svc)
         if own:
             learn(call, svc)
     svc.ledger.record(call)
@@ -135,7 +139,7 @@ def occupy(backend: Backend, svc: Services, delta: int) -> None:
     """Count a call into (1) or out of (-1) the backend's load and its in-flight gauge."""
     backend.in_flight += delta
     if svc.settings.metrics_enabled:
-        svc.metrics.in_flight.labels(backend.name).inc(delta)
+        svc.metrics.count_in_flight(backend.name, delta)
 
 
 def overhead(call: Call) -> float | None:
@@ -156,14 +160,13 @@ def milliseconds(seconds: float | None) -> str:
     return f"{seconds * 1000:.3f}" if seconds is not None else ""
 
 
-def estimate_usage(call: Call, scanner: EventScanner | None, svc: Services) -> usage.Usage:
+def estimate_usage(call: Call, svc: Services) -> usage.Usage:
     """Count tokens ourselves when the backend's usage never came (e.g. a disconnect)."""
     assert call.request is not None
     encoding = svc.backends.model(call.request.model).encoding
-    text = usage.delivered_text(scanner.delivered) if scanner else ""
     return usage.Usage(
         prompt_tokens=call.prefix.tokens if call.prefix else 0,
-        completion_tokens=svc.prefix.count_tokens(text, encoding) if text else 0,
+        completion_tokens=svc.prefix.count_tokens(call.reply, encoding) if call.reply else 0,
         estimated=True,
     )
 
@@ -184,6 +187,7 @@ def learn(call: Call, svc: Services) -> None:
     if key is None or not key.hashes or route is None or call.request is None or u is None:
         return
     prefilled = not u.estimated or call.first_byte_at is not None
+    encoding = svc.backends.model(call.request.model).encoding
     fb = feedback.observe(
         svc.index,
         call.request.model,
@@ -192,11 +196,13 @@ def learn(call: Call, svc: Services) -> None:
         route.matched_blocks,
         u.cached_tokens if prefilled else None,
         (u.prompt_tokens or key.tokens) if prefilled else None,
+        holds=svc.prefix.reply_key(call.request, encoding, call.reply) if prefilled else None,
     )
     if fb.reported and not u.estimated and svc.settings.metrics_enabled:
         predicted = route.predicted_cached_tokens / max(key.tokens, 1)
         reported = u.cached_tokens / max(u.prompt_tokens, 1)
-        svc.metrics.prediction.labels(call.request.model, accuracy(predicted, reported)).inc()
+        m = svc.metrics
+        m.child(m.prediction, call.request.model, accuracy(predicted, reported)).inc()
 
 
 def accuracy(predicted_share: float, reported_share: float) -> str:
@@ -210,37 +216,34 @@ def record_metrics(call: Call, svc: Services, spent: float | None) -> None:
     m, req = svc.metrics, call.request
     # Only configured names become label values: a client's made-up model must not.
     model = req.model if req and req.model in svc.backends.models else ""
-    endpoint = req.endpoint if req else ""
-    m.requests.labels(model, endpoint, str(call.status), call.error_type or "").inc()
+    endpoint = req.endpoint if req else ENDPOINTS.get(call.path, "")
+    m.child(m.requests, model, endpoint, str(call.status), call.error_type or "").inc()
     if req is None or call.route is None:
         return
-    labels = (model, call.route.backend, endpoint, "true" if req.stream else "false")
-    if call.route.decision != "none":
-        m.routing.labels(model, call.route.decision).inc()
+    route, u = call.route, call.usage
+    s = m.series(model, route.backend, endpoint, "true" if req.stream else "false")
+    if route.decision != "none":
+        m.child(m.routing, model, route.decision).inc()
     if call.served_by != "upstream":
-        m.batched.labels(model, endpoint, call.served_by).inc()
-    if spent is not None:
-        m.overhead.labels(*labels).observe(spent)
-    if call.latency is not None:
-        m.e2e.labels(*labels).observe(call.latency)
-    if req.stream and call.ttft is not None:
-        m.ttft.labels(*labels).observe(call.ttft)
+        m.child(m.batched, model, endpoint, call.served_by).inc()
     if call.disconnected:
-        m.disconnects.labels(model, endpoint).inc()
-    u = call.usage
+        m.child(m.disconnects, model, endpoint).inc()
+    if spent is not None:
+        s.overhead.observe(spent)
+    if call.latency is not None:
+        s.e2e.observe(call.latency)
+    if req.stream and call.ttft is not None:
+        s.ttft.observe(call.ttft)
     if u is None:
         return
     if req.stream and call.first_byte_at and call.done_at and u.completion_tokens > 1:
-        m.tpot.labels(*labels).observe(
-            (call.done_at - call.first_byte_at) / (u.completion_tokens - 1)
-        )
-    tokens = m.tokens
-    tokens.labels(model, call.route.backend, "prompt").inc(u.prompt_tokens)
-    tokens.labels(model, call.route.backend, "cached").inc(u.cached_tokens)
-    tokens.labels(model, call.route.backend, "completion").inc(u.completion_tokens)
+        s.tpot.observe((call.done_at - call.first_byte_at) / (u.completion_tokens - 1))
+    s.prompt.inc(u.prompt_tokens)
+    s.cached.inc(u.cached_tokens)
+    s.completion.inc(u.completion_tokens)
     if not u.estimated:
-        m.predicted_cached.labels(model).inc(call.route.predicted_cached_tokens)
-        m.reported_cached.labels(model).inc(u.cached_tokens)
+        s.predicted_cached.inc(route.predicted_cached_tokens)
+        s.reported_cached.inc(u.cached_tokens)
 
 
 def log_access(call: Call, spent: float | None) -> None:

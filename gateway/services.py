@@ -16,7 +16,7 @@ from gateway.batching import Batcher
 from gateway.index import open_index
 from gateway.index.base import PrefixIndex
 from gateway.ledger import Ledger
-from gateway.metrics import GatewayMetrics
+from gateway.metrics import GatewayMetrics, release_process
 from gateway.settings import Settings
 from gateway.stages.forward import Upstream
 from gateway.stages.prefix import PrefixHasher
@@ -46,7 +46,9 @@ class Services:
             if settings.embedded:
                 settings = await stack.enter_async_context(embedded_backend(settings))
             registry = CollectorRegistry(auto_describe=True)
-            metrics = GatewayMetrics(registry)
+            metrics = GatewayMetrics(registry, settings.metrics_multiproc_dir is not None)
+            if settings.metrics_multiproc_dir is not None:
+                stack.callback(release_process, settings.metrics_multiproc_dir)
             prefix = PrefixHasher(settings.prefix)
             for model in settings.models:
                 prefix.encoding(model.encoding)  # a bad encoding fails the start, not a call

@@ -55,17 +55,20 @@ start() {
   local n=${1:?usage: serve.sh start N BASEPORT} base=${2:?usage: serve.sh start N BASEPORT}
   [[ -x "$PY" && -f "$MODEL/.stamp" ]] || die "not prepared: run deploy/vllm-cpu/setup.sh"
   mkdir -p "$RUN"
-  local i port ports=()
+  local i port ports=() todo=()
   for ((i = 0; i < n; i++)); do
     port=$((base + i))
     ports+=("$port")
     if alive "$port" && answers "$port"; then
       log "port $port already serving (pid $(cat "$RUN/$port.pid"))"
-      continue
+    elif answers "$port"; then
+      die "port $port is taken by a server this run dir did not start"
+    else
+      todo+=("$port")
     fi
-    answers "$port" && die "port $port is taken by a server this run dir did not start"
-    launch "$port"
   done
+  # Checked first, launched after: a taken port leaves no half-started set behind.
+  for port in "${todo[@]}"; do launch "$port"; done
   local t0=$SECONDS
   wait_ready "${ports[@]}"
   log "${#ports[@]} server(s) ready in $((SECONDS - t0)) s"

@@ -22,7 +22,7 @@ from gateway.api.openai import ServicesDep
 from gateway.errors import Forbidden, InvalidRequest, Unauthorized
 from gateway.ledger import Ledger
 from gateway.ledger.prices import PriceVersion
-from gateway.ledger.report import GroupBy, parse_when
+from gateway.ledger.report import parse_group_by, parse_when
 from gateway.settings import AuthSettings, Settings
 
 
@@ -70,10 +70,14 @@ def admin_router(settings: Settings) -> APIRouter:
         ledger: LedgerDep,
         start: Annotated[str | None, Query(alias="from")] = None,
         end: Annotated[str | None, Query(alias="to")] = None,
-        group_by: GroupBy = "team",
+        group_by: str = "team",
         format: Literal["json", "csv"] = "json",
     ) -> Response:
-        report = await ledger.report(_when(start, "from"), _when(end, "to"), group_by)
+        try:
+            groups = parse_group_by(group_by)
+        except ValueError as exc:
+            raise InvalidRequest(str(exc), param="group_by") from exc
+        report = await ledger.report(_when(start, "from"), _when(end, "to"), groups)
         if format == "csv":
             return Response(report.to_csv(), media_type="text/csv; charset=utf-8")
         return _json(report.to_json())

@@ -12,7 +12,7 @@ import sys
 import orjson
 
 from gateway.ledger.db import make_engine
-from gateway.ledger.report import GROUP_BYS, Report, cost_report, parse_when
+from gateway.ledger.report import Report, cost_report, parse_group_by, parse_when
 from gateway.settings import SettingsError, load_settings
 
 
@@ -21,7 +21,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--database-url", help="default: the settings' database.url")
     parser.add_argument("--from", dest="start", type=parse_when, help="ISO date/time (UTC)")
     parser.add_argument("--to", dest="end", type=parse_when, help="ISO date/time, exclusive")
-    parser.add_argument("--group-by", choices=GROUP_BYS, default="team")
+    parser.add_argument(
+        "--group-by",
+        type=parse_group_by,
+        default=("team",),
+        help="key, team, model, day or backend, or several: team,day (default: team)",
+    )
     parser.add_argument("--format", choices=("csv", "json"), default="csv")
 
 

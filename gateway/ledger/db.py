@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import asyncpg
-from sqlalchemy import event, text
+from sqlalchemy import event, make_url, text
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
@@ -17,6 +17,11 @@ DB_ERRORS: tuple[type[BaseException], ...] = (
     asyncpg.InterfaceError,
 )
 """What a failing or unreachable database raises, through SQLAlchemy or raw asyncpg."""
+
+
+class LedgerUnavailable(Exception):
+    """The ledger database cannot be used at start: reported to the operator, who must act."""
+
 
 ASYNC_DRIVERS = {
     "postgresql": "postgresql+asyncpg",
@@ -54,6 +59,11 @@ def _sqlite_wal(dbapi_conn: Any, _record: Any) -> None:
     cursor = dbapi_conn.cursor()
     cursor.execute("PRAGMA journal_mode=WAL")
     cursor.close()
+
+
+def safe_url(url: str) -> str:
+    """The URL with any password masked, for messages and logs."""
+    return make_url(url).render_as_string(hide_password=True)
 
 
 async def ping(engine: AsyncEngine) -> bool:

@@ -6,6 +6,8 @@ them up, and the lag is the worst worker's.
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 
@@ -39,9 +41,17 @@ class LedgerMetrics:
             "Batch writes the database refused or timed out (the rows went to the spool).",
             registry=registry,
         )
+        self._cost_by: dict[tuple[str, str], Any] = {}
         self.lag = Gauge(
             "gateway_ledger_lag_seconds",
             "Seconds from a call's end to its row's commit, for the last batch written.",
             registry=registry,
             multiprocess_mode="livemax",
         )
+
+    def add_cost(self, model: str, team: str, usd: float) -> None:
+        """Count a call's cost; the labelled child is kept, as labels() is slow per call."""
+        child = self._cost_by.get((model, team))
+        if child is None:
+            child = self._cost_by[model, team] = self.cost.labels(model, team)
+        child.inc(usd)

@@ -9,23 +9,28 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import fcntl
+import os
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from sqlalchemy import text
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from gateway.ledger.db import make_engine
+from gateway.ledger.db import LedgerUnavailable, make_engine
 from gateway.settings import SettingsError, load_settings
 
 MIGRATIONS = Path(__file__).resolve().parents[2] / "migrations"
 
 
-class SchemaError(Exception):
+class SchemaError(LedgerUnavailable):
     """The database schema is missing or older than this gateway's migrations."""
 
 
@@ -37,17 +42,43 @@ def alembic_config() -> Config:
     return cfg
 
 
+MIGRATION_LOCK = 0x6777_6C65_6467_6572
+"""Postgres advisory lock key ("gwledger") held while migrating."""
+
+
 async def upgrade(engine: AsyncEngine) -> str | None:
-    """Bring the schema to head; returns the revision it ends at."""
+    """Bring the schema to head; returns the revision it ends at.
+
+    Several worker processes may start (and auto-migrate) at once: they take turns, on
+    Postgres under an advisory lock, on SQLite under a lock file beside the database,
+    and whoever comes second finds the schema at head already.
+    """
     cfg = alembic_config()
 
     def run(conn: Connection) -> None:
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, "head")
 
-    async with engine.begin() as conn:
+    async with _file_lock(engine), engine.begin() as conn:
+        if conn.dialect.name == "postgresql":
+            await conn.execute(text(f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK})"))
         await conn.run_sync(run)
     return await current_revision(engine)
+
+
+@contextlib.asynccontextmanager
+async def _file_lock(engine: AsyncEngine) -> AsyncIterator[None]:
+    """An exclusive flock on <sqlite file>.migrate-lock; nothing for other databases."""
+    database = engine.url.database
+    if engine.dialect.name != "sqlite" or not database or database == ":memory:":
+        yield
+        return
+    fd = os.open(f"{database}.migrate-lock", os.O_CREAT | os.O_RDWR, 0o644)
+    try:
+        await asyncio.to_thread(fcntl.flock, fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 async def current_revision(engine: AsyncEngine) -> str | None:

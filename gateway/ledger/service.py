@@ -19,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.flow import Call
 from gateway.ledger import store
-from gateway.ledger.db import DB_ERRORS, make_engine, ping
+from gateway.ledger.db import DB_ERRORS, LedgerUnavailable, make_engine, ping, safe_url
 from gateway.ledger.metrics import LedgerMetrics
 from gateway.ledger.migrate import ensure_schema
 from gateway.ledger.prices import PriceBook, PriceVersion, config_changes
@@ -42,6 +42,7 @@ class Ledger:
     ) -> None:
         self._settings = settings
         self._metrics = LedgerMetrics(registry)
+        self._models = frozenset(m.name for m in settings.models)
         self._on_written = on_written
         self._book = PriceBook()
         self._engine: AsyncEngine | None = None
@@ -58,16 +59,10 @@ class Ledger:
     async def start(self) -> None:
         db = self._settings.database
         self._engine = make_engine(db.url, db.timeout)
-        auto = db.auto_migrate
-        if auto is None:
-            auto = self._engine.dialect.name == "sqlite"
-        await ensure_schema(self._engine, auto)
-        await self.reload_prices()
-        now = datetime.now(UTC)
-        for model, p in config_changes(self._book, self._settings.models, now):
-            prices = (p.input, p.cached_input, p.cache_write, p.output)
-            await store.add_price(self._engine, model, now, prices, "config", now)
-        await self.reload_prices()
+        try:
+            await self._open_database()
+        except DB_ERRORS as exc:
+            raise LedgerUnavailable(f"ledger database {safe_url(db.url)}: {exc}") from exc
         self._refresher = asyncio.create_task(self._refresh_prices(), name="ledger-prices")
         if self._settings.ledger.enabled:
             self._spool.open()
@@ -76,13 +71,26 @@ class Ledger:
             )
             self._writer.start()
 
+    async def _open_database(self) -> None:
+        auto = self._settings.database.auto_migrate
+        if auto is None:
+            auto = self.engine.dialect.name == "sqlite"
+        await ensure_schema(self.engine, auto)
+        await self.reload_prices()
+        now = datetime.now(UTC)
+        for model, p in config_changes(self._book, self._settings.models, now):
+            prices = (p.input, p.cached_input, p.cache_write, p.output)
+            await store.add_price(self.engine, model, now, prices, "config", now)
+        await self.reload_prices()
+
     def record(self, call: Call) -> None:
         """Price the call (fills call.cost) and queue its ledger row. Never blocks or raises."""
         try:
             price = self._book.at(call.model, call.received_wall)
             call.cost = cost = price_usage(call.usage, price)
             team = call.principal.team if call.principal else None
-            self._metrics.cost.labels(call.model or "", team or "").inc(float(cost.total))
+            if call.model in self._models:  # a client's made-up name is no label value
+                self._metrics.add_cost(call.model or "", team or "", float(cost.total))
             if self._writer is not None:
                 self._writer.put(ledger_row(call, cost))
         except Exception:
@@ -114,7 +122,7 @@ class Ledger:
         return version
 
     async def report(
-        self, start: datetime | None, end: datetime | None, group_by: GroupBy
+        self, start: datetime | None, end: datetime | None, group_by: tuple[GroupBy, ...]
     ) -> Report:
         return await cost_report(self.engine, start, end, group_by)
 

@@ -8,6 +8,7 @@ conflict rule through a multi-row insert.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from datetime import datetime
 from decimal import Decimal
@@ -21,6 +22,8 @@ from gateway.ledger.models import ROW_COLUMNS, LedgerRow, Price, quantize
 from gateway.ledger.prices import PriceVersion
 from gateway.ledger.rows import Row
 
+_RECORD = operator.itemgetter(*ROW_COLUMNS)
+"""A row dict as the tuple COPY takes, in ROW_COLUMNS order."""
 _COLS = ", ".join(ROW_COLUMNS)
 _STAGE = (
     "CREATE TEMP TABLE IF NOT EXISTS ledger_stage ON COMMIT DELETE ROWS AS "
@@ -28,30 +31,36 @@ _STAGE = (
 )
 _MERGE = (
     f"INSERT INTO ledger ({_COLS}) SELECT {_COLS} FROM ledger_stage "
-    "ON CONFLICT (request_id) DO NOTHING"
+    "ON CONFLICT (request_id) DO NOTHING RETURNING request_id"
 )
 
 
-async def insert_rows(engine: AsyncEngine, rows: Sequence[Row]) -> None:
-    """Write a batch in one transaction; rows whose request_id is already there are skipped."""
+async def insert_rows(engine: AsyncEngine, rows: Sequence[Row]) -> list[Row]:
+    """Write a batch in one transaction; returns the rows that were new.
+
+    A row whose request_id the ledger already holds (a replay after a commit whose reply
+    was lost) is skipped and left out of the result, so nothing downstream counts it twice.
+    """
     async with engine.connect() as conn:
         if conn.dialect.name == "postgresql":
-            await _copy_rows(conn, rows)
+            new = await _copy_rows(conn, rows)
         else:
             stmt = sqlite.insert(LedgerRow).on_conflict_do_nothing(index_elements=["request_id"])
-            await conn.execute(stmt, list(rows))
+            result = await conn.execute(stmt.returning(LedgerRow.request_id), list(rows))
+            new = set(result.scalars().all())
             await conn.commit()
+    return list(rows) if len(new) == len(rows) else [r for r in rows if r["request_id"] in new]
 
 
-async def _copy_rows(conn: AsyncConnection, rows: Sequence[Row]) -> None:
+async def _copy_rows(conn: AsyncConnection, rows: Sequence[Row]) -> set[str]:
     raw = await conn.get_raw_connection()
     pg = raw.driver_connection
     assert pg is not None
-    records = [tuple(r[c] for c in ROW_COLUMNS) for r in rows]
+    records = list(map(_RECORD, rows))
     async with pg.transaction():
         await pg.execute(_STAGE)
         await pg.copy_records_to_table("ledger_stage", records=records, columns=ROW_COLUMNS)
-        await pg.execute(_MERGE)
+        return {r[0] for r in await pg.fetch(_MERGE)}
 
 
 async def load_prices(engine: AsyncEngine) -> list[PriceVersion]:

@@ -11,13 +11,13 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
-from types import SimpleNamespace
 from typing import Any
 
 import aiohttp
 import orjson
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
+from yarl import URL
 
 from gateway.backends import Backend
 from gateway.errors import BackendUnavailable, BadGateway, GatewayTimeout, UpstreamError
@@ -46,13 +46,18 @@ class Upstream:
         """With metrics, the time to open each new connection is recorded per backend."""
         self._settings = settings
         self._metrics = metrics
+        self._names: dict[tuple[str | None, int | None], str] = {}
+        """Backend name by (host, port), for the connect-time label."""
+        self._urls: set[str] = set()
         self._session: aiohttp.ClientSession | None = None
 
     async def start(self) -> None:
         s = self._settings
+        limits = {"limit": s.max_connections, "limit_per_host": 0}
         self._session = aiohttp.ClientSession(
-            trace_configs=[self._connect_trace()] if self._metrics else None,
-            connector=aiohttp.TCPConnector(limit=s.max_connections, limit_per_host=0),
+            connector=TimedConnector(self._metrics, self._names, **limits)
+            if self._metrics
+            else aiohttp.TCPConnector(**limits),
             timeout=aiohttp.ClientTimeout(
                 total=None, sock_connect=s.connect_timeout, sock_read=s.read_timeout
             ),
@@ -72,10 +77,12 @@ class Upstream:
         if backend.api_key:
             headers["authorization"] = f"Bearer {backend.api_key}"
         url = backend.url + UPSTREAM_PATH[call.request.endpoint]
+        if backend.url not in self._urls:
+            self._urls.add(backend.url)
+            origin = URL(backend.url)
+            self._names[origin.host, origin.port] = backend.name
         try:
-            resp = await self._session.post(
-                url, data=body, headers=headers, trace_request_ctx=backend.name
-            )
+            resp = await self._session.post(url, data=body, headers=headers)
         except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError) as exc:
             raise Unreachable(
                 f"backend {backend.name} unreachable: {exc.__class__.__name__}"
@@ -89,22 +96,32 @@ class Upstream:
             raise UpstreamError(resp.status, raw, resp.content_type or "application/json")
         return resp
 
-    def _connect_trace(self) -> aiohttp.TraceConfig:
-        """Time only the opening of new connections; a reused one costs nothing to trace."""
-        assert self._metrics is not None
-        histogram = self._metrics.connect
 
-        async def start(_: object, ctx: SimpleNamespace, __: object) -> None:
-            ctx.connect_started = time.perf_counter()
+class TimedConnector(aiohttp.TCPConnector):
+    """A TCPConnector that times the opening of each new connection to a backend.
 
-        async def end(_: object, ctx: SimpleNamespace, __: object) -> None:
-            elapsed = time.perf_counter() - ctx.connect_started
-            histogram.labels(ctx.trace_request_ctx).observe(elapsed)
+    Not an aiohttp TraceConfig: with any trace config set, aiohttp builds a Trace and
+    sends every signal on every request, which measured here at ~18 us of CPU per call
+    (150 -> 168 us per aiohttp request). This hook runs only when a connection is opened,
+    so reused connections cost nothing.
+    """
 
-        trace = aiohttp.TraceConfig()
-        trace.on_connection_create_start.append(start)
-        trace.on_connection_create_end.append(end)
-        return trace
+    def __init__(
+        self,
+        metrics: GatewayMetrics,
+        names: dict[tuple[str | None, int | None], str],
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self._histogram = metrics.connect
+        self._names = names
+
+    async def _create_connection(self, req: Any, traces: Any, timeout: Any) -> Any:  # noqa: ASYNC109
+        started = time.perf_counter()
+        protocol = await super()._create_connection(req, traces, timeout)
+        backend = self._names.get((req.url.host, req.url.port), "")
+        self._histogram.labels(backend).observe(time.perf_counter() - started)
+        return protocol
 
 
 async def read_body(resp: aiohttp.ClientResponse, backend: Backend) -> bytes:

@@ -31,13 +31,25 @@ def from_usage(usage: Any) -> Usage | None:
     )
 
 
-def from_body(body: bytes) -> Usage | None:
-    """Usage of a whole (non-streamed) JSON response."""
+def from_body(body: bytes) -> tuple[Usage | None, str]:
+    """Usage and the first choice's text of a whole (non-streamed) JSON response."""
     try:
         data = orjson.loads(body)
     except orjson.JSONDecodeError:
-        return None
-    return from_usage(data.get("usage")) if isinstance(data, dict) else None
+        return None, ""
+    if not isinstance(data, dict):
+        return None, ""
+    return from_usage(data.get("usage")), _choice_text(data)
+
+
+def _choice_text(data: dict[str, Any]) -> str:
+    choices = data.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        return ""
+    choice = choices[0]
+    message = choice.get("message") or choice.get("delta")
+    text = message.get("content") if isinstance(message, dict) else choice.get("text")
+    return text if isinstance(text, str) else ""
 
 
 def _int(value: Any) -> int:
@@ -55,9 +67,6 @@ def delivered_text(events: list[bytes]) -> str:
             data = orjson.loads(payload)
         except orjson.JSONDecodeError:
             continue
-        for choice in data.get("choices") or ():
-            delta = choice.get("delta")
-            text = delta.get("content") if isinstance(delta, dict) else choice.get("text")
-            if isinstance(text, str):
-                parts.append(text)
+        if isinstance(data, dict):
+            parts.append(_choice_text(data))
     return "".join(parts)

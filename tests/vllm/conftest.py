@@ -12,6 +12,7 @@ import os
 import socket
 import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -70,14 +71,22 @@ def vllm_urls(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]:
 
 
 @pytest.fixture(scope="session")
-def gateway_url(vllm_urls: list[str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def gateway_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The gateway's config, SQLite ledger (gateway.db) and spool."""
+    return tmp_path_factory.mktemp("gateway")
+
+
+@pytest.fixture(scope="session")
+def gateway_url(vllm_urls: list[str], gateway_dir: Path) -> Iterator[str]:
     """The gateway in front of both vLLM servers, as a subprocess on loopback."""
-    tmp = tmp_path_factory.mktemp("gateway")
+    tmp = gateway_dir
     config = {
         "models": [{"name": "tiny", "backends": [{"url": u} for u in vllm_urls]}],
         "database": {"url": f"sqlite:///{tmp / 'gateway.db'}"},
         "ledger": {"spool_dir": str(tmp / "spool")},
-        "upstream": {"metrics_interval": 0.2},
+        # A busy 2-core machine can hold a probe past the 2 s default, and one missed
+        # probe takes a backend out: these tests are about answers, not health checks.
+        "upstream": {"metrics_interval": 0.2, "health_timeout": 10},
     }
     path = tmp / "gateway.yaml"
     path.write_text(yaml.safe_dump(config))

@@ -10,7 +10,7 @@ from pathlib import Path
 import openai
 
 from tests.e2e.conftest import MODEL, start_sims, write_config
-from tests.integration.index.test_resilient import RedisProcess
+from tests.integration.index.redis_servers import RedisProcess
 from tests.servers import gateway_process
 
 SYSTEM = "You are a terse assistant. " * 4

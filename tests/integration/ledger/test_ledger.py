@@ -7,21 +7,24 @@ Postgres and on the embedded SQLite file alike.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import pytest
 from prometheus_client import CollectorRegistry
 from sqlalchemy import func, select
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.flow import Call, Cost, Usage
 from gateway.ledger import Ledger
 from gateway.ledger.db import make_engine
 from gateway.ledger.models import LedgerRow, Price
-from gateway.ledger.report import cost_report
+from gateway.ledger.report import cost_report, report_query
 from tests.integration.ledger.factory import ledger_settings, make_call
 
 PRICES = {
@@ -140,20 +143,23 @@ async def test_mix_gives_exact_rows_and_report(
         (False, False, False, 200, None, "coalesced"),
     ]
 
-    report = (await cost_report(engine, None, None, "team")).to_json()
-    got = {line["group"]: line for line in [*report["rows"], report["totals"]]}
-    assert {g: {k: v for k, v in line.items() if k != "group"} for g, line in got.items()} == (
-        TEAM_REPORT
-    )
+    report = (await cost_report(engine, None, None, ("team",))).to_json()
+    got = {line.pop("team"): line for line in report["rows"]} | {"TOTAL": report["totals"]}
+    assert got == TEAM_REPORT
     async with engine.connect() as conn:
         assert (await conn.execute(select(func.sum(LedgerRow.cost_total)))).scalar_one() == (
             Decimal(TEAM_REPORT["TOTAL"]["cost_total"])
         )
-    by_model = (await cost_report(engine, None, None, "model")).to_json()
-    assert [(r["group"], r["cost_total"]) for r in by_model["rows"]] == [
+    by_model = (await cost_report(engine, None, None, ("model",))).to_json()
+    assert [(r["model"], r["cost_total"]) for r in by_model["rows"]] == [
         ("alpha", "0.0003924000"), ("beta", "0.0083940000"), ("gamma", "0.0000008641")
     ]  # fmt: skip
-    assert by_model["totals"] == report["totals"] | {"group": "TOTAL"}
+    assert by_model["totals"] == report["totals"]
+    by_team_model = (await cost_report(engine, None, None, ("team", "model"))).to_json()
+    assert [(r["team"], r["model"], r["requests"]) for r in by_team_model["rows"]] == [
+        ("team-a", "alpha", 2), ("team-a", "gamma", 1), ("team-b", "beta", 3)
+    ]  # fmt: skip
+    assert by_team_model["totals"] == report["totals"]
 
 
 async def test_price_change_never_reprices_the_past(
@@ -204,7 +210,7 @@ async def test_same_request_id_is_counted_once(
     await ledger.aclose()
 
     assert [r.request_id for r in await rows(engine)] == [call.id]
-    assert written == [call.id, call.id]
+    assert written == [call.id]
 
 
 async def test_config_price_synced_only_when_changed(
@@ -220,3 +226,23 @@ async def test_config_price_synced_only_when_changed(
         ("alpha", "0.6000000000"), ("beta", "15.0000000000"), ("gamma", "0.3333333333"),
         ("alpha", "0.6100000000"),
     ]  # fmt: skip
+
+
+async def test_day_reports_use_the_planner_statistics(pg_db_url: str, tmp_path: Path) -> None:
+    """The report's day expression must be the one the migration gathers statistics on."""
+    ledger = Ledger(ledger_settings(pg_db_url, tmp_path / "spool", PRICES), CollectorRegistry())
+    await ledger.start()
+    days = [1767225600.0 + 86400 * (i % 3) + i for i in range(1000)]  # 2026-01-01 .. 01-03
+    for day in days:
+        ledger.record(make_call("alpha", usage=Usage(10, 0, 1), received_wall=day))
+    await ledger.aclose()
+    query = report_query("postgresql", None, None, ("day",)).compile(
+        dialect=postgresql.dialect(), compile_kwargs={"literal_binds": True}
+    )
+    conn = await asyncpg.connect(pg_db_url)
+    try:
+        await conn.execute("ANALYZE ledger")
+        plan = json.loads(await conn.fetchval(f"EXPLAIN (FORMAT JSON) {query}"))
+    finally:
+        await conn.close()
+    assert plan[0]["Plan"]["Plan Rows"] == 3  # without them: a group per distinct ts

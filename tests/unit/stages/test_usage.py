@@ -1,5 +1,5 @@
 from gateway.flow import Usage
-from gateway.stages.usage import from_body, from_usage
+from gateway.stages.usage import delivered_text, from_body, from_usage
 
 
 def test_cached_tokens_from_details() -> None:
@@ -20,6 +20,22 @@ def test_missing_or_null_details_mean_no_cached_tokens() -> None:
 
 def test_not_a_usage_object() -> None:
     assert from_usage(None) is None
-    assert from_body(b"not json") is None
-    assert from_body(b'{"usage": null}') is None
-    assert from_body(b'{"usage": {"prompt_tokens": 3}}') == Usage(prompt_tokens=3)
+    assert from_body(b"not json") == (None, "")
+    assert from_body(b'{"usage": null}') == (None, "")
+    assert from_body(b'{"usage": {"prompt_tokens": 3}}') == (Usage(prompt_tokens=3), "")
+
+
+def test_reply_text_of_chat_and_completion_bodies() -> None:
+    chat = b'{"choices": [{"message": {"role": "assistant", "content": "hi there"}}]}'
+    assert from_body(chat) == (None, "hi there")
+    assert from_body(b'{"choices": [{"text": " once"}], "usage": {}}')[1] == " once"
+
+
+def test_delivered_text_joins_stream_deltas() -> None:
+    events = [
+        b'data: {"choices": [{"delta": {"role": "assistant", "content": ""}}]}',
+        b'data: {"choices": [{"delta": {"content": "a b"}}]}',
+        b'data: {"choices": [{"text": " c"}]}',
+        b"data: [DONE]",
+    ]
+    assert delivered_text(events) == "a b c"

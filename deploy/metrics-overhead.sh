@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Throughput of the gateway with request-path metrics on vs off, in one run.
+# One instant simulator behind two gateways (identical but for GATEWAY_METRICS_ENABLED);
+# wrk alternates between them ROUNDS times so drift on a shared machine hits both alike.
+# Besides requests/s it reports the gateway process's CPU time per request, which other
+# load on the machine disturbs far less than throughput.
+#   deploy/metrics-overhead.sh [ROUNDS] [SECONDS]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROUNDS=${1:-3}
+SECONDS_PER_RUN=${2:-10}
+PY=${PYTHON:-.venv/bin/python}
+WORK=$(mktemp -d)
+trap 'kill $(jobs -p) 2>/dev/null; wait 2>/dev/null; rm -rf "$WORK"' EXIT
+
+port() { "$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+wait_up() { for _ in $(seq 100); do curl -fs "$1" >/dev/null && return; sleep 0.2; done; echo "no answer: $1" >&2; exit 1; }
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+
+SIM=$(port)
+"$PY" -m gateway sim --instant --port "$SIM" >"$WORK/sim.log" 2>&1 &
+wait_up "http://127.0.0.1:$SIM/health"
+declare -A PORT PID
+for mode in on off; do
+  PORT[$mode]=$(port)
+  mkdir -p "$WORK/$mode"
+  cat >"$WORK/$mode/gateway.yaml" <<YAML
+server: {access_log: false}
+models: [{name: sim-model, backends: [{url: "http://127.0.0.1:$SIM"}]}]
+database: {url: "sqlite:///$WORK/$mode/ledger.db"}
+ledger: {spool_dir: "$WORK/$mode/spool"}
+YAML
+  enabled=true; [ "$mode" = off ] && enabled=false
+  GATEWAY_METRICS_ENABLED=$enabled "$PY" -m gateway serve --config "$WORK/$mode/gateway.yaml" \
+    --port "${PORT[$mode]}" >"$WORK/$mode/gateway.log" 2>&1 &
+  PID[$mode]=$!
+  wait_up "http://127.0.0.1:${PORT[$mode]}/health"
+done
+
+HZ=$(getconf CLK_TCK)
+declare -A RPS CPU
+run() {  # prints "req/s cpu-us-per-request"
+  local before after out
+  before=$(cpu_ticks "${PID[$1]}")
+  out=$(wrk -t1 -c16 -d"${SECONDS_PER_RUN}s" -s deploy/wrk/chat.lua \
+    "http://127.0.0.1:${PORT[$1]}/v1/chat/completions")
+  after=$(cpu_ticks "${PID[$1]}")
+  echo "$out" | awk -v t=$((after - before)) -v hz="$HZ" \
+    '/requests in/ {n=$1} /Requests\/sec/ {rps=$2} END {printf "%.1f %.1f\n", rps, t / hz * 1e6 / n}'
+}
+run on >/dev/null; run off >/dev/null   # warm up both
+for i in $(seq "$ROUNDS"); do
+  for mode in on off; do
+    read -r rps cpu < <(run "$mode")
+    RPS[$mode]="${RPS[$mode]:-} $rps"; CPU[$mode]="${CPU[$mode]:-} $cpu"
+    echo "round $i metrics $mode: $rps req/s, $cpu us CPU/request"
+  done
+done
+median() { tr ' ' '\n' | grep . | sort -g | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2}'; }
+for mode in on off; do
+  echo "median metrics $mode: $(echo "${RPS[$mode]}" | median) req/s," \
+    "$(echo "${CPU[$mode]}" | median) us CPU/request"
+done

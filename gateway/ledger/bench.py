@@ -1,0 +1,220 @@
+"""Ledger benchmarks: writer throughput into Postgres, and cost reports over many rows.
+
+    python -m gateway.ledger.bench --database-url postgresql://127.0.0.1:5432/test
+
+Everything happens in a scratch database created on that server and dropped at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from datetime import datetime
+from pathlib import Path
+
+import asyncpg
+from prometheus_client import CollectorRegistry
+
+from gateway.flow import Call, Principal, Request, Route, Usage
+from gateway.ledger.db import make_engine
+from gateway.ledger.migrate import upgrade
+from gateway.ledger.report import GroupBy, cost_report, parse_when
+from gateway.ledger.rows import Row
+from gateway.ledger.service import Ledger
+from gateway.settings import Settings, load_settings
+
+# 10M rows spread over 90 days, 50 teams, 500 keys, 4 models, 8 backends; each row's
+# tokens vary with its number, and its costs are those tokens at one fixed price.
+SYNTHETIC = """
+INSERT INTO ledger (request_id, ts, key_id, team, model, backend, endpoint, stream, status,
+    error_type, decision, served_by, disconnected, estimated, prompt_tokens, input_tokens,
+    cached_tokens, cache_write_tokens, completion_tokens, predicted_cached_tokens, price_id,
+    cost_input, cost_cached_input, cost_cache_write, cost_output, cost_total,
+    cost_without_cache, ttft_s, latency_s)
+SELECT 'bench-' || g, ts, 'key-' || g % 500, 'team-' || g % 50, 'model-' || g % 4,
+    'b' || g % 8, 'chat', g % 2 = 0, 200, NULL, 'hit', 'upstream', false, false,
+    p, p - c, c, 0, o, c, NULL,
+    (p - c) * 0.15 / 1e6, c * 0.075 / 1e6, 0, o * 0.6 / 1e6,
+    (p - c) * 0.15 / 1e6 + c * 0.075 / 1e6 + o * 0.6 / 1e6, p * 0.15 / 1e6 + o * 0.6 / 1e6,
+    0.05, 1.5
+FROM (
+    SELECT g, timestamptz '2026-09-01' + g * ($2::float8 / $1) * interval '1 second' AS ts,
+           200 + (g * 7919) % 3000 AS p, ((g * 7919) % 3000 / 16) * 8 AS c, 1 + g % 400 AS o
+    FROM generate_series(1, $1::bigint) AS g
+) AS s
+"""
+INDEXES = ("ix_ledger_ts", "ix_ledger_team_ts", "ix_ledger_key_ts", "ix_ledger_model_ts")
+
+
+@asynccontextmanager
+async def scratch_database(server_url: str) -> AsyncIterator[str]:
+    name = f"gw_bench_{uuid.uuid4().hex[:10]}"
+    admin = await asyncpg.connect(server_url, timeout=10)
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+        base, _, _ = server_url.rpartition("/")
+        yield f"{base}/{name}"
+    finally:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await admin.close()
+
+
+def bench_settings(url: str, spool: Path, batch_size: int) -> Settings:
+    price = {"input": "0.15", "cached_input": "0.075", "output": "0.60"}
+    model = {"name": "bench", "backends": [{"url": "http://127.0.0.1:9"}], "price": price}
+    return load_settings(
+        database={"url": url},
+        ledger={"spool_dir": str(spool), "batch_size": batch_size},
+        models=[model],
+    )
+
+
+def synthetic_call(i: int) -> Call:
+    call = Call(id=f"w-{i}", path="/v1/chat/completions")
+    call.principal = Principal(key_id=f"key-{i % 500}", team=f"team-{i % 50}")
+    call.request = Request(endpoint="chat", model="bench", body={}, stream=i % 2 == 0)
+    call.route = Route(backend=f"b{i % 8}", decision="hit", predicted_cached_tokens=512)
+    call.first_byte_at, call.done_at = call.received_at + 0.05, call.received_at + 1.0
+    call.usage = Usage(prompt_tokens=1024, cached_tokens=512, completion_tokens=200)
+    return call
+
+
+async def writer_throughput(url: str, rows: int, batch_size: int) -> None:
+    """Record calls through Ledger.record as fast as possible; time until all are committed.
+
+    Besides wall time it reports the CPU both sides spent (this process, and the Postgres
+    backends serving the scratch database when the server runs on this machine), because
+    on a shared, busy machine the wall time mostly measures the neighbours.
+    """
+    done, written = asyncio.Event(), [0]
+
+    def count(batch: Sequence[Row]) -> None:
+        written[0] += len(batch)
+        if written[0] >= rows:
+            done.set()
+
+    with tempfile.TemporaryDirectory() as spool:
+        settings = bench_settings(url, Path(spool), batch_size)
+        ledger = Ledger(settings, CollectorRegistry(), on_written=count)
+        await ledger.start()
+        calls = [synthetic_call(i) for i in range(rows)]
+        pg_before = await backend_cpu(url)
+        t0, cpu0 = time.perf_counter(), time.process_time()
+        for start in range(0, rows, 1000):
+            for call in calls[start : start + 1000]:
+                ledger.record(call)
+            await asyncio.sleep(0)  # let the writer run, as request handling would
+        recorded = time.perf_counter() - t0
+        await done.wait()
+        elapsed, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+        pg_cpu = await backend_cpu(url) - pg_before
+        await ledger.aclose()
+    say(f"writer: {rows} rows, batch {batch_size}: {rows / elapsed:,.0f} rows/s committed "
+        f"({elapsed:.2f} s wall); record() alone {recorded / rows * 1e6:.1f} us/call")  # fmt: skip
+    if pg_cpu:
+        say(f"writer: CPU {cpu / rows * 1e6:.1f} us/row here + {pg_cpu / rows * 1e6:.1f} us/row "
+            f"in Postgres: {rows / max(cpu, pg_cpu):,.0f} rows/s with a core for each")  # fmt: skip
+
+
+async def backend_cpu(url: str) -> float:
+    """CPU seconds used so far by the Postgres backends on url's database (0: not local)."""
+    conn = await asyncpg.connect(url, timeout=10)
+    try:
+        pids = await conn.fetch(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+            "AND pid <> pg_backend_pid()"
+        )
+    finally:
+        await conn.close()
+    return proc_cpu([pid for (pid,) in pids])
+
+
+def proc_cpu(pids: list[int]) -> float:
+    """CPU seconds of local processes from /proc; 0 if any is not visible here."""
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return 0.0
+        total += int(fields[11]) + int(fields[12])  # utime + stime, in clock ticks
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+async def report_speed(url: str, rows: int, days: int) -> None:
+    conn = await asyncpg.connect(url, timeout=10)
+    try:
+        for index in INDEXES:
+            await conn.execute(f"DROP INDEX {index}")
+        t0 = time.perf_counter()
+        await conn.execute(SYNTHETIC, rows, days * 86400, timeout=None)
+        await conn.execute(
+            "CREATE INDEX ix_ledger_ts ON ledger (ts);"
+            "CREATE INDEX ix_ledger_team_ts ON ledger (team, ts);"
+            "CREATE INDEX ix_ledger_key_ts ON ledger (key_id, ts);"
+            "CREATE INDEX ix_ledger_model_ts ON ledger (model, ts);",
+            timeout=None,
+        )
+        await conn.execute("VACUUM ANALYZE ledger", timeout=None)
+        say(f"report: generated {rows:,} rows with indexes in {time.perf_counter() - t0:.0f} s")
+    finally:
+        await conn.close()
+    engine = make_engine(url, timeout=600)
+    october = (parse_when("2026-10-01"), parse_when("2026-11-01"))
+    cases: list[tuple[tuple[GroupBy, ...], tuple[datetime, datetime] | None]] = [
+        (("team", "day"), None), (("team",), None), (("day",), None), (("team",), october),
+    ]  # fmt: skip
+    try:
+        for group_by, window in cases:
+            start, end = window or (None, None)
+            t0 = time.perf_counter()
+            report = await cost_report(engine, start, end, group_by)
+            elapsed = time.perf_counter() - t0
+            say(f"report: group by {','.join(group_by)}"
+                f"{' over October' if window else ' over all rows'}: "
+                f"{report.totals.requests:,} rows -> {len(report.lines):,} lines "
+                f"in {elapsed:.2f} s; total ${report.totals.cost_total}")  # fmt: skip
+    finally:
+        await engine.dispose()
+
+
+def say(line: str) -> None:
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+async def main(args: argparse.Namespace) -> None:
+    async with scratch_database(args.database_url) as url:
+        engine = make_engine(url)
+        try:
+            await upgrade(engine)
+        finally:
+            await engine.dispose()
+        if args.writer_rows:
+            await writer_throughput(url, args.writer_rows, args.batch_size)
+            conn = await asyncpg.connect(url)
+            await conn.execute("TRUNCATE ledger")
+            await conn.close()
+        if args.report_rows:
+            await report_speed(url, args.report_rows, args.days)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m gateway.ledger.bench", description=__doc__)
+    parser.add_argument("--database-url", required=True, help="a Postgres server (any db)")
+    parser.add_argument("--writer-rows", type=int, default=200_000)
+    parser.add_argument("--batch-size", type=int, default=1000)
+    parser.add_argument("--report-rows", type=int, default=10_000_000)
+    parser.add_argument("--days", type=int, default=90)
+    return parser.parse_args(argv)
+
+
+if __name__ == "__main__":
+    asyncio.run(main(parse_args(None)))

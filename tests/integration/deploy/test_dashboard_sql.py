@@ -1,0 +1,83 @@
+"""The dashboard's cost panels run on the real ledger table and add up to what was stored."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import AsyncIterator, Iterator
+from decimal import Decimal
+
+import pytest
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from gateway.flow import Cost, Usage
+from gateway.ledger.db import make_engine
+from gateway.ledger.migrate import upgrade
+from gateway.ledger.rows import ledger_row
+from gateway.ledger.store import insert_rows
+from tests.integration.ledger.factory import make_call
+from tests.integration.ledger.postgres import scratch_database
+from tests.unit.deploy.conftest import DASHBOARD, panels
+
+MACROS = {
+    r"\$__timeGroupAlias\((\w+), '1h'\)": r"date_trunc('hour', \1) AS time",
+    r"\$__timeFilter\((\w+)\)": r"\1 BETWEEN now() - interval '1 day' AND now()",
+}
+"""Grafana's Postgres macros, expanded as Grafana does for a one-day range."""
+
+
+def cost_queries() -> dict[str, str]:
+    dashboard = json.loads(DASHBOARD.read_text())
+    out = {}
+    for p in panels(dashboard):
+        for t in p.get("targets", []):
+            if "rawSql" in t:
+                sql = t["rawSql"]
+                for macro, sub in MACROS.items():
+                    sql = re.sub(macro, sub, sql)
+                assert "$__" not in sql, f"unexpanded macro in {p['title']!r}"
+                out[p["title"]] = sql
+    return out
+
+
+@pytest.fixture
+def pg_db_url(pg_server_url: str) -> Iterator[str]:
+    with scratch_database(pg_server_url) as url:
+        yield url
+
+
+@pytest.fixture
+async def ledger_db(pg_db_url: str) -> AsyncIterator[AsyncEngine]:
+    """A migrated ledger of its own holding three priced calls."""
+    engine = make_engine(pg_db_url)
+    await upgrade(engine)
+    rows = [
+        ledger_row(
+            make_call("alpha", team=team, usage=Usage(prompt_tokens=100, cached_tokens=60)),
+            Cost(total=Decimal(total), without_cache=Decimal(total) + Decimal("0.5")),
+        )
+        for team, total in (("team-a", "1.25"), ("team-b", "2.5"), (None, "0.125"))
+    ]
+    await insert_rows(engine, rows)
+    yield engine
+    await engine.dispose()
+
+
+async def test_cost_panels_query_the_ledger(ledger_db: AsyncEngine) -> None:
+    queries = cost_queries()
+    assert set(queries) == {"Spend per team", "Spend per model", "Billed vs saved by caching"}
+    async with ledger_db.connect() as conn:
+        per_team = (await conn.execute(text(queries["Spend per team"]))).mappings().all()
+        per_model = (await conn.execute(text(queries["Spend per model"]))).mappings().all()
+        totals = (await conn.execute(text(queries["Billed vs saved by caching"]))).mappings().one()
+    assert {r["metric"]: r["value"] for r in per_team} == {
+        "team-a": Decimal("1.25"),
+        "team-b": Decimal("2.5"),
+        "(none)": Decimal("0.125"),
+    }
+    assert {r["metric"]: r["value"] for r in per_model} == {"alpha": Decimal("3.875")}
+    assert totals["billed"] == Decimal("3.875")
+    assert totals["saved_by_cache"] == Decimal("1.5")
+    assert totals["cached_tokens"] == 180
+    assert totals["calls"] == 3
