@@ -77,7 +77,13 @@ class FakeSend:
 
 def chat_call(hashes: list[int] | None = None, **body: object) -> Call:
     call = Call(id=f"c{id(body)}", path="/v1/chat/completions")
-    call.request = Request("chat", "m", dict(body), deterministic=body.get("temperature") == 0)
+    call.request = Request(
+        "chat",
+        "m",
+        dict(body),
+        stream=body.get("stream") is True,
+        deterministic=body.get("temperature") == 0,
+    )
     if hashes is not None:
         call.prefix = PrefixKey(tokens=len(hashes) * 16, hashes=hashes, block_size=16)
     return call

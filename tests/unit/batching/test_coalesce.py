@@ -76,11 +76,12 @@ async def test_an_abandoned_answer_is_not_joined() -> None:
     coalescer, first = Coalescer(), FakeUpstream()
     send = FakeSend(answers=[first])
     forward = lambda c, p: send(c, p, None)  # noqa: E731
-    _, answer = await coalescer.submit(chat_call(temperature=0), b"k", b"body", forward)
+    leader = chat_call(temperature=0, stream=True)
+    _, answer = await coalescer.submit(leader, b"k", b"body", forward)
     answer.close()  # its only listener leaves mid-answer: the upstream call is cancelled
     await asyncio.sleep(0.01)
     assert first.closed
-    late = chat_call(temperature=0)
+    late = chat_call(temperature=0, stream=True)
     _, fresh = await coalescer.submit(late, b"k", b"body", forward)
     assert len(send.sent) == 2
     assert late.served_by == "upstream"
