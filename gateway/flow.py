@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 Endpoint = Literal["chat", "completions", "embeddings"]
 Decision = Literal["hit", "miss", "overflow", "affinity", "fallback", "none"]
+Period = Literal["day", "month"]
 
 
 @dataclass(slots=True, frozen=True)
@@ -29,6 +30,8 @@ class Principal:
     team_rpm: int | None = None
     team_tpm: int | None = None
     team_budget_usd: Decimal | None = None
+    budget_period: Period = "month"
+    team_budget_period: Period = "month"
 
     @property
     def anonymous(self) -> bool:
@@ -108,6 +111,16 @@ class Cost:
 
 
 @dataclass(slots=True)
+class Quota:
+    """What stages.limits charged the call up front: set by stages.limits."""
+
+    reserved_tokens: int
+    """Prompt estimate plus max_tokens; the difference to the actual usage is settled later."""
+    headers: dict[str, str]
+    """The x-ratelimit-* headers for the response."""
+
+
+@dataclass(slots=True)
 class Call:
     """One client call on its way through the gateway."""
 
@@ -120,6 +133,7 @@ class Call:
     principal: Principal | None = None  # stages.auth
     request: Request | None = None  # stages.parse
     prefix: PrefixKey | None = None  # stages.prefix
+    quota: Quota | None = None  # stages.limits
     route: Route | None = None  # stages.routing
     dispatched_at: float | None = None  # stages.forward
     first_byte_at: float | None = None  # stages.forward

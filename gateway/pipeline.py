@@ -20,7 +20,7 @@ from gateway.errors import GatewayError
 from gateway.flow import Call, Endpoint, Route
 from gateway.index import feedback
 from gateway.services import Services
-from gateway.stages import forward, parse, usage
+from gateway.stages import auth, forward, limits, parse, usage
 from gateway.stages.forward import EventScanner, StreamRelay, Unreachable
 
 access_log = logging.getLogger("gateway.access")
@@ -35,15 +35,20 @@ ENDPOINTS = {path: endpoint for endpoint, path in forward.UPSTREAM_PATH.items()}
 async def handle(call: Call, body: bytes, endpoint: Endpoint, svc: Services) -> Response:
     """Take a call from its raw body to the response the client gets."""
     try:
+        call.principal = await auth.authenticate(call.headers, svc.keys)
         call.request = parse.parse(body, endpoint, call.headers.get("x-session-id"))
+        auth.authorize_model(call.principal, call.request.model)
         model = svc.backends.model(call.request.model)
         if endpoint != "embeddings":
             call.prefix = svc.prefix.key(call.request, model.encoding)
+        await limits.admit(call, len(body), svc.limits)
         payload = forward.upstream_body(call.request, model.upstream_name, body)
         backend, upstream = await svc.batching.submit(
             call, model, payload, lambda c, body, pin: dispatch(c, model, body, svc, pin)
         )
         headers = {"x-request-id": call.id, **forward.passed_headers(upstream)}
+        if call.quota is not None:
+            headers.update(call.quota.headers)
         if call.request.stream:
             headers[OVERHEAD_HEADER] = milliseconds(overhead(call))
             scanner = EventScanner(call, strip_usage=not call.request.include_usage)
@@ -128,6 +133,7 @@ def finish(call: Call, svc: Services, scanner: EventScanner | None = None) -> fl
         if own:
             learn(call, svc)
     svc.ledger.record(call)
+    limits.settle(call, svc.limits)
     spent = overhead(call)
     if svc.settings.metrics_enabled:
         record_metrics(call, svc, spent)

@@ -8,6 +8,7 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from prometheus_client import CollectorRegistry
 
@@ -15,9 +16,12 @@ from gateway.backends import BackendPool
 from gateway.batching import Batcher
 from gateway.index import open_index
 from gateway.index.base import PrefixIndex
+from gateway.keys import KeyRing
 from gateway.ledger import Ledger
+from gateway.limits import Limiter, LimitMetrics, open_limiter
 from gateway.metrics import GatewayMetrics, release_process
 from gateway.settings import Settings
+from gateway.stages import limits as limits_stage
 from gateway.stages.forward import Upstream
 from gateway.stages.prefix import PrefixHasher
 from gateway.stages.routing import Policy, make_policy
@@ -36,6 +40,8 @@ class Services:
     index: PrefixIndex
     policy: Policy
     ledger: Ledger
+    keys: KeyRing
+    limits: Limiter
     batching: Batcher
     started_at: float
 
@@ -55,6 +61,13 @@ class Services:
             ledger = Ledger(settings, registry)
             await ledger.start()
             stack.push_async_callback(ledger.aclose)
+            keys = KeyRing(settings.auth, ledger.engine, registry, enabled=settings.auth_enabled)
+            keys.announce(settings.server.host)
+            limits = open_limiter(settings, LimitMetrics(registry))
+            await limits.start()
+            stack.push_async_callback(limits.aclose)
+            if keys.enabled:
+                await limits.seed(limits_stage.seeds(await keys.month_spend(), datetime.now(UTC)))
             index = open_index(settings)
             await index.start()
             stack.push_async_callback(index.aclose)
@@ -76,6 +89,8 @@ class Services:
                 index=index,
                 policy=make_policy(settings.routing),
                 ledger=ledger,
+                keys=keys,
+                limits=limits,
                 batching=batcher,
                 started_at=time.time(),
             )

@@ -137,7 +137,11 @@ class AuthSettings(Section):
     """None: on when a database other than the embedded SQLite file is configured."""
     admin_key: str | None = None
     pepper: str = ""
+    """HMAC key for stored API-key hashes; changing it invalidates every issued key."""
     cache_ttl: float = 5.0
+    """Seconds a key lookup (found or not) is trusted: how long a disabled key keeps working."""
+    cache_size: int = Field(100_000, ge=1)
+    """Key lookups remembered (least recently used beyond it are forgotten)."""
 
 
 class BatchingSettings(Section):

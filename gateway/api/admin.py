@@ -1,4 +1,4 @@
-"""Admin routes: cost reports and prices (the keys issue adds key and team routes here).
+"""Admin routes: cost reports, prices, teams and API keys.
 
 Every route needs ``Authorization: Bearer <auth.admin_key>``: a missing key answers 401,
 a wrong one 403. With no admin key configured the admin API is disabled (403 for all):
@@ -19,7 +19,10 @@ from fastapi import APIRouter, Depends, Header, Query, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.api.openai import ServicesDep
-from gateway.errors import Forbidden, InvalidRequest, Unauthorized
+from gateway.errors import Forbidden, InvalidRequest, NotFound, Unauthorized
+from gateway.keys import KeyRing
+from gateway.keys.specs import KeySpec, TeamSpec
+from gateway.keys.store import TeamExists, UnknownTeam
 from gateway.ledger import Ledger
 from gateway.ledger.prices import PriceVersion
 from gateway.ledger.report import parse_group_by, parse_when
@@ -62,6 +65,13 @@ async def _ledger(svc: ServicesDep) -> Ledger:
 LedgerDep = Annotated[Ledger, Depends(_ledger)]
 
 
+async def _keys(svc: ServicesDep) -> KeyRing:
+    return svc.keys
+
+
+KeysDep = Annotated[KeyRing, Depends(_keys)]
+
+
 def admin_router(settings: Settings) -> APIRouter:
     router = APIRouter(prefix="/admin", dependencies=[Depends(admin_guard(settings.auth))])
 
@@ -91,6 +101,38 @@ def admin_router(settings: Settings) -> APIRouter:
         prices = (body.input, body.cached_input, body.cache_write, body.output)
         version = await ledger.set_price(body.model, prices, body.effective_from)
         return _json(_price(version), status=201)
+
+    @router.post("/teams", status_code=201)
+    async def create_team(body: TeamSpec, keys: KeysDep) -> Response:
+        try:
+            team = await keys.create_team(body)
+        except TeamExists:
+            raise InvalidRequest(f"team {body.name!r} already exists", param="name") from None
+        return _json(team.as_dict(), status=201)
+
+    @router.get("/teams")
+    async def list_teams(keys: KeysDep) -> Response:
+        return _json({"data": [t.as_dict() for t in await keys.teams()]})
+
+    @router.post("/keys", status_code=201)
+    async def create_key(body: KeySpec, keys: KeysDep) -> Response:
+        """The answer's ``key`` is the secret: shown here once, stored nowhere."""
+        try:
+            key, secret = await keys.create_key(body)
+        except UnknownTeam:
+            raise NotFound(f"no team {body.team!r}: create it first", param="team") from None
+        return _json({**key.as_dict(), "key": secret}, status=201)
+
+    @router.get("/keys")
+    async def list_keys(keys: KeysDep, team: str | None = None) -> Response:
+        return _json({"data": [k.as_dict() for k in await keys.keys(team)]})
+
+    @router.post("/keys/{key_id}/disable")
+    async def disable_key(key_id: str, keys: KeysDep) -> Response:
+        key = await keys.disable_key(key_id)
+        if key is None:
+            raise NotFound(f"no key {key_id!r}", param="key_id")
+        return _json(key.as_dict())
 
     return router
 

@@ -15,20 +15,11 @@ def open_index(settings: Settings) -> PrefixIndex:
     local = MemoryIndex(settings.routing, settings.prefix)
     if settings.redis.url is None:
         return local
-    from redis.asyncio import Redis, RedisCluster
-    from redis.asyncio.retry import Retry
-    from redis.backoff import NoBackoff
-
     from gateway.index.redis import RedisIndex
     from gateway.index.resilient import ResilientIndex
+    from gateway.redis_client import connect
 
-    # No client-side retries: the breaker decides when to try again, and a lookup must
-    # fail within redis.timeout rather than after a retry schedule.
-    client = (RedisCluster if settings.redis.cluster else Redis).from_url(
-        settings.redis.url,
-        socket_timeout=1.0,
-        socket_connect_timeout=1.0,
-        retry=Retry(NoBackoff(), 0),
-    )
+    # The breaker decides when to try again; a lookup's own deadline is redis.timeout.
+    client = connect(settings.redis, timeout=1.0)
     shared = RedisIndex(client, settings.redis, settings.routing, settings.prefix)
     return ResilientIndex(shared, local, settings.redis)

@@ -113,11 +113,14 @@ async def test_rows_spooled_at_shutdown_are_replayed_at_next_start(
     await ledger.aclose()  # the database is down: what is queued goes to the spool
     assert list((tmp_path / "spool").glob("*.spool"))
 
+    spooled = sum(f.stat().st_size for f in (tmp_path / "spool").glob("*.spool"))
+    assert spooled > 0
+
     await asyncio.to_thread(private_pg.start)
-    registry = CollectorRegistry()
-    restarted = Ledger(settings, registry)
+    # The replay starts with the ledger; how far it got by now is a race, so only the
+    # end state is asserted: every row once, and the spool gone.
+    restarted = Ledger(settings, CollectorRegistry())
     await restarted.start()
-    assert gauge(registry, "gateway_ledger_spool_rows") > 0
     await restarted.aclose()
 
     n = len(calls)

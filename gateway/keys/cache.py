@@ -1,0 +1,102 @@
+"""A bounded, time-limited memo of key lookups, so the hot path makes no database query.
+
+Found and not-found answers are both kept for ``ttl`` seconds (a flood of one wrong key
+costs one query per ttl), the least recently used beyond ``size`` are forgotten, and
+concurrent misses for the same key share one load. While the database fails, an expired
+answer is served rather than locking out every key whose entry just aged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+log = logging.getLogger(__name__)
+
+V = TypeVar("V")
+
+
+@dataclass(slots=True)
+class _Entry(Generic[V]):
+    value: V | None
+    at: float
+
+
+class LookupCache(Generic[V]):
+    def __init__(
+        self,
+        ttl: float,
+        size: int,
+        stale_on: tuple[type[BaseException], ...] = (),
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._ttl = ttl
+        self._size = size
+        self._stale_on = stale_on
+        self._clock = clock
+        self._entries: OrderedDict[str, _Entry[V]] = OrderedDict()
+        self._loading: dict[str, asyncio.Future[V | None]] = {}
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    async def get(self, key: str, load: Callable[[], Awaitable[V | None]]) -> V | None:
+        """The cached answer while fresh, else what ``load`` finds now (None: not found)."""
+        entry = self._entries.get(key)
+        if entry is not None and self._clock() - entry.at < self._ttl:
+            self._entries.move_to_end(key)
+            return entry.value
+        waiting = self._loading.get(key)
+        if waiting is not None:
+            try:
+                return await asyncio.shield(waiting)
+            except asyncio.CancelledError:
+                if not waiting.cancelled():
+                    raise  # this caller was cancelled, not the load it waited for
+            # The caller that was loading went away: load for ourselves.
+        return await self._load(key, load, entry)
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+    async def _load(
+        self, key: str, load: Callable[[], Awaitable[V | None]], stale: _Entry[V] | None
+    ) -> V | None:
+        done: asyncio.Future[V | None] = asyncio.get_running_loop().create_future()
+        self._loading[key] = done
+        try:
+            value = await load()
+        except self._stale_on as exc:
+            if stale is None:
+                _fail(done, exc)
+                raise
+            log.warning("key lookup failed, serving the cached answer: %s", type(exc).__name__)
+            value = stale.value
+        except BaseException as exc:
+            _fail(done, exc)
+            raise
+        finally:
+            del self._loading[key]
+        self._put(key, value)
+        done.set_result(value)
+        return value
+
+    def _put(self, key: str, value: V | None) -> None:
+        self._entries[key] = _Entry(value, self._clock())
+        self._entries.move_to_end(key)
+        while len(self._entries) > self._size:
+            self._entries.popitem(last=False)
+
+
+def _fail(done: asyncio.Future[object], exc: BaseException) -> None:
+    """Hand the failure to concurrent waiters (marked retrieved: nobody may be waiting)."""
+    if isinstance(exc, asyncio.CancelledError):
+        done.cancel()
+    else:
+        done.set_exception(exc)
+        done.exception()

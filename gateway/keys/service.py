@@ -1,0 +1,159 @@
+"""KeyRing: turns a bearer token into a Principal, and issues and revokes keys.
+
+Lookups go through a LookupCache keyed by the token's HMAC (the secret itself is never
+kept), so steady traffic costs one HMAC and a dict lookup; a disabled key stops working
+on every replica within auth.cache_ttl, and on the replica that disabled it at once.
+Expiry is checked on every call, so an expiring key ends on time even when cached.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from prometheus_client import CollectorRegistry, Counter
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from gateway.errors import BackendUnavailable, Unauthorized
+from gateway.flow import ANONYMOUS, Principal
+from gateway.keys import store
+from gateway.keys.cache import LookupCache
+from gateway.keys.secret import hash_secret, looks_like_key
+from gateway.keys.specs import KeySpec, TeamSpec
+from gateway.keys.store import KeyInfo, TeamInfo
+from gateway.ledger.db import DB_ERRORS
+from gateway.settings import AuthSettings
+
+log = logging.getLogger(__name__)
+
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
+
+MISSING = (
+    "You didn't provide an API key. You need to provide your API key in an Authorization "
+    "header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY)."
+)
+
+
+@dataclass(slots=True, frozen=True)
+class Grant:
+    """A cached lookup: the principal, and what decides whether it may still call."""
+
+    principal: Principal
+    expires_at: datetime | None
+    disabled: bool
+
+
+class KeyRing:
+    def __init__(
+        self,
+        settings: AuthSettings,
+        engine: AsyncEngine,
+        registry: CollectorRegistry,
+        *,
+        enabled: bool,
+    ) -> None:
+        self.enabled = enabled
+        self._settings = settings
+        self._engine = engine
+        self._cache: LookupCache[Grant] = LookupCache(
+            settings.cache_ttl, settings.cache_size, stale_on=DB_ERRORS
+        )
+        self._failures = Counter(
+            "gateway_auth_failures",
+            "Calls refused by authentication, by reason (missing, invalid, disabled, expired).",
+            ["reason"],
+            registry=registry,
+        )
+
+    def announce(self, host: str) -> None:
+        """Say in the log whether calls need a key (and warn about an open, exposed gateway)."""
+        if self.enabled:
+            if not self._settings.pepper:
+                log.warning("auth: auth.pepper is empty; set one so stolen key hashes are useless")
+            log.info("auth: on; every call needs an API key (Authorization: Bearer gk-...)")
+        elif host in LOOPBACK:
+            log.warning("auth: off; every caller is anonymous (open on loopback %s)", host)
+        else:
+            log.warning("auth: OFF on %s, reachable beyond this host: anyone may call", host)
+
+    async def month_spend(self) -> list[store.Spend]:
+        """This month's (and today's) spend per key, from the ledger: seeds the budgets."""
+        return await store.month_spend(self._engine, datetime.now(UTC))
+
+    async def authenticate(self, authorization: str | None) -> Principal:
+        """The caller's principal, or Unauthorized (401 invalid_api_key)."""
+        if not self.enabled:
+            return ANONYMOUS
+        token = _bearer(authorization)
+        if token is None:
+            raise self._refuse("missing", MISSING)
+        if not looks_like_key(token):
+            raise self._refuse("invalid", "Incorrect API key provided.")
+        digest = hash_secret(token, self._settings.pepper)
+        try:
+            grant = await self._cache.get(digest, lambda: self._find(digest))
+        except DB_ERRORS as exc:
+            raise BackendUnavailable("The key store is unavailable; try again shortly.") from exc
+        if grant is None:
+            raise self._refuse("invalid", "Incorrect API key provided.")
+        if grant.disabled:
+            raise self._refuse("disabled", "This API key has been disabled.")
+        if grant.expires_at is not None and grant.expires_at <= datetime.now(UTC):
+            raise self._refuse("expired", "This API key has expired.")
+        return grant.principal
+
+    async def create_team(self, spec: TeamSpec) -> TeamInfo:
+        return await store.create_team(self._engine, spec, datetime.now(UTC))
+
+    async def teams(self) -> list[TeamInfo]:
+        return await store.list_teams(self._engine)
+
+    async def create_key(self, spec: KeySpec) -> tuple[KeyInfo, str]:
+        """A new key and its secret: the only time the secret is ever available."""
+        return await store.create_key(self._engine, spec, self._settings.pepper, datetime.now(UTC))
+
+    async def keys(self, team: str | None = None) -> list[KeyInfo]:
+        return await store.list_keys(self._engine, team)
+
+    async def disable_key(self, key_id: str) -> KeyInfo | None:
+        key = await store.disable_key(self._engine, key_id, datetime.now(UTC))
+        self._cache.clear()
+        return key
+
+    async def _find(self, digest: str) -> Grant | None:
+        found = await store.find_key(self._engine, digest)
+        if found is None:
+            return None
+        key, team = found
+        return Grant(principal(key, team), key.expires_at, key.disabled_at is not None)
+
+    def _refuse(self, reason: str, message: str) -> Unauthorized:
+        self._failures.labels(reason).inc()
+        return Unauthorized(message)
+
+
+def principal(key: KeyInfo, team: TeamInfo) -> Principal:
+    return Principal(
+        key_id=key.id,
+        team=team.name,
+        models=frozenset(key.models) if key.models is not None else None,
+        rpm=key.rpm,
+        tpm=key.tpm,
+        budget_usd=key.budget_usd,
+        budget_period=key.budget_period,
+        team_rpm=team.rpm,
+        team_tpm=team.tpm,
+        team_budget_usd=team.budget_usd,
+        team_budget_period=team.budget_period,
+    )
+
+
+def _bearer(authorization: str | None) -> str | None:
+    if not authorization:
+        return None
+    scheme, _, token = authorization.partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token:
+        return None
+    return token

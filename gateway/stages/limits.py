@@ -1,0 +1,178 @@
+"""Rate limits and budgets for a keyed call: one limiter round trip before, a settle after.
+
+Tokens per minute are reserved up front and reconciled after the call: the check charges
+the prompt (the prefix stage's exact count, or body bytes / 4 for embeddings) plus
+max_tokens, and once the call is done the difference to the usage the backend reported
+is added or refunded. So a burst is judged on what it may use, no call waits on a
+counter after it ran, and a call without max_tokens that talks long is charged in full,
+late. Spend (the call's exact cost) goes to the key's and the team's day and month
+counters as the ledger prices it; budgets are checked in the same round trip as limits.
+
+Refusals: over a rate limit, 429 rate_limit_exceeded with Retry-After (the openai client
+waits and retries); over a budget, 429 insufficient_quota with ``x-should-retry: false``
+(no point retrying before the period ends). The x-ratelimit-* headers report the tightest
+of the key's and the team's buckets, on refusals and on served calls.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections import defaultdict
+from collections.abc import Iterable
+from datetime import UTC, datetime
+
+from gateway.errors import GatewayError, QuotaExceeded, RateLimited
+from gateway.flow import Call, Principal, Quota
+from gateway.keys.store import Spend
+from gateway.limits import Limiter
+from gateway.limits.base import (
+    PERIODS,
+    Bucket,
+    Budget,
+    Counter,
+    Plan,
+    Scope,
+    Seed,
+    Verdict,
+    period_end,
+    period_id,
+    to_units,
+)
+
+
+async def admit(call: Call, body_bytes: int, limiter: Limiter) -> None:
+    """Charge the call to its buckets, or refuse it; sets call.quota when admitted."""
+    principal = call.principal
+    if principal is None or principal.anonymous:
+        return
+    reserved = estimate_tokens(call, body_bytes)
+    plan = plan_for(principal, _day(call))
+    verdict = await limiter.admit(plan, reserved)
+    if not verdict.allowed:
+        raise refusal(verdict, reserved, limiter)
+    call.quota = Quota(reserved_tokens=reserved, headers=ratelimit_headers(verdict))
+
+
+def settle(call: Call, limiter: Limiter) -> None:
+    """Reconcile reserved tokens with the usage and add the cost to spend. Never raises."""
+    if call.quota is None or call.principal is None:
+        return
+    u = call.usage
+    used = u.prompt_tokens + u.completion_tokens if u else 0
+    units = to_units(call.cost.total) if call.cost else 0
+    plan = plan_for(call.principal, _day(call))
+    limiter.settle(plan, used - call.quota.reserved_tokens, units)
+
+
+def estimate_tokens(call: Call, body_bytes: int) -> int:
+    assert call.request is not None
+    prompt = call.prefix.tokens if call.prefix is not None else body_bytes // 4
+    return prompt + (call.request.max_tokens or 0)
+
+
+@functools.lru_cache(maxsize=4096)
+def plan_for(p: Principal, day: int) -> Plan:
+    """The principal's plan on a UTC day (days since the epoch); pure, hence memoized:
+    the hot path builds a plan once per key and day, not once per call."""
+    assert p.key_id is not None
+    assert p.team is not None
+    at = datetime.fromtimestamp(day * 86400, UTC)
+    owners: tuple[tuple[Scope, str], ...] = (("key", p.key_id), ("team", p.team))
+    buckets: list[Bucket] = []
+    budgets: list[Budget] = []
+    for (scope, owner), rpm, tpm, usd, period in zip(
+        owners,
+        (p.rpm, p.team_rpm),
+        (p.tpm, p.team_tpm),
+        (p.budget_usd, p.team_budget_usd),
+        (p.budget_period, p.team_budget_period),
+        strict=True,
+    ):
+        if rpm is not None:
+            buckets.append(Bucket(scope, "requests", owner, rpm))
+        if tpm is not None:
+            buckets.append(Bucket(scope, "tokens", owner, tpm))
+        if usd is not None:
+            counter = Counter(scope, owner, period_id(period, at))
+            budgets.append(Budget(counter, to_units(usd), period_end(period, at)))
+    counters = tuple(
+        Counter(scope, owner, period_id(period, at))
+        for scope, owner in owners
+        for period in PERIODS
+    )
+    return Plan(p.team, tuple(buckets), tuple(budgets), counters)
+
+
+def ratelimit_headers(verdict: Verdict) -> dict[str, str]:
+    """OpenAI's x-ratelimit-* headers, from the bucket of each kind with the least room."""
+    out: dict[str, str] = {}
+    for kind in ("requests", "tokens"):
+        windows = [w for w in verdict.windows if w.bucket.kind == kind]
+        if not windows:
+            continue
+        w = min(windows, key=lambda w: (w.remaining, -w.reset))
+        out[f"x-ratelimit-limit-{kind}"] = str(w.bucket.limit)
+        out[f"x-ratelimit-remaining-{kind}"] = str(w.remaining)
+        out[f"x-ratelimit-reset-{kind}"] = duration(w.reset)
+    return out
+
+
+def refusal(verdict: Verdict, tokens: int, limiter: Limiter) -> GatewayError:
+    headers = ratelimit_headers(verdict)
+    by = verdict.refused_by
+    if isinstance(by, Budget):
+        limiter.metrics.refused.labels(by.counter.scope, "budget").inc()
+        period = "day" if by.counter.period_id.startswith("d") else "month"
+        return QuotaExceeded(
+            f"You exceeded your current quota: the {by.counter.scope}'s budget for this "
+            f"{period} is spent (it renews at {by.ends.isoformat()}).",
+            headers={**headers, "x-should-retry": "false"},
+        )
+    assert isinstance(by, Bucket)
+    limiter.metrics.refused.labels(by.scope, by.kind).inc()
+    if verdict.retry_after is None:
+        return RateLimited(
+            f"Request too large: it needs {tokens} tokens, the {by.scope}'s limit is "
+            f"{by.limit} tokens per minute.",
+            headers={**headers, "x-should-retry": "false"},
+        )
+    wait = verdict.retry_after
+    return RateLimited(
+        f"Rate limit reached for the {by.scope} on {by.kind} per minute: limit {by.limit}. "
+        f"Please try again in {duration(wait)}.",
+        headers={
+            **headers,
+            "retry-after": str(max(math.ceil(wait), 1)),
+            "retry-after-ms": str(max(math.ceil(wait * 1000), 1)),
+        },
+    )
+
+
+def duration(seconds: float) -> str:
+    """OpenAI's reset format: 20ms, 1.5s, 6m0s."""
+    if seconds < 1:
+        return f"{math.ceil(seconds * 1000)}ms"
+    if seconds < 60:
+        return f"{round(seconds, 3):g}s"
+    minutes, rest = divmod(seconds, 60)
+    return f"{int(minutes)}m{round(rest, 3):g}s"
+
+
+def seeds(spends: Iterable[Spend], now: datetime) -> list[Seed]:
+    """Spend counters for this day and month from the ledger's aggregate (keys and teams)."""
+    units: dict[tuple[Counter, str], int] = defaultdict(int)
+    ends: dict[str, datetime] = {}
+    for s in spends:
+        if s.team is None:
+            continue
+        for period, amount in zip(PERIODS, (s.today, s.month), strict=True):
+            pid = period_id(period, now)
+            ends[pid] = period_end(period, now)
+            units[(Counter("key", s.key_id, pid), s.team)] += to_units(amount)
+            units[(Counter("team", s.team, pid), s.team)] += to_units(amount)
+    return [Seed(c, tag, u, ends[c.period_id]) for (c, tag), u in units.items()]
+
+
+def _day(call: Call) -> int:
+    return int(call.received_wall // 86400)

@@ -1,0 +1,93 @@
+import asyncio
+
+import pytest
+
+from gateway.keys.cache import LookupCache
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Source:
+    """Counts loads; answers from a dict, or fails while ``down``."""
+
+    def __init__(self, data: dict[str, str]) -> None:
+        self.data = data
+        self.loads = 0
+        self.down = False
+
+    async def load(self, key: str) -> str | None:
+        self.loads += 1
+        await asyncio.sleep(0.01)
+        if self.down:
+            raise OSError("database down")
+        return self.data.get(key)
+
+
+async def test_found_and_not_found_are_both_kept_for_the_ttl() -> None:
+    clock, src = Clock(), Source({"a": "A"})
+    cache: LookupCache[str] = LookupCache(5.0, 10, clock=clock)
+    for _ in range(3):
+        assert await cache.get("a", lambda: src.load("a")) == "A"
+        assert await cache.get("zz", lambda: src.load("zz")) is None
+    assert src.loads == 2
+    clock.now = 5.1
+    src.data["a"] = "A2"
+    assert await cache.get("a", lambda: src.load("a")) == "A2"
+    assert src.loads == 3
+
+
+async def test_concurrent_misses_share_one_load() -> None:
+    src = Source({"a": "A"})
+    cache: LookupCache[str] = LookupCache(5.0, 10)
+    got = await asyncio.gather(*(cache.get("a", lambda: src.load("a")) for _ in range(20)))
+    assert got == ["A"] * 20
+    assert src.loads == 1
+
+
+async def test_size_is_bounded_least_recently_used_first() -> None:
+    src = Source({})
+    cache: LookupCache[str] = LookupCache(60.0, 3)
+    for k in "abcd":
+        await cache.get(k, lambda k=k: src.load(k))
+    assert len(cache) == 3
+    await cache.get("a", lambda: src.load("a"))
+    assert src.loads == 5  # "a" was forgotten, loaded again
+
+
+async def test_a_failing_source_serves_the_expired_answer_or_raises() -> None:
+    clock, src = Clock(), Source({"a": "A"})
+    cache: LookupCache[str] = LookupCache(5.0, 10, stale_on=(OSError,), clock=clock)
+    await cache.get("a", lambda: src.load("a"))
+    clock.now, src.down = 10.0, True
+    assert await cache.get("a", lambda: src.load("a")) == "A"
+    with pytest.raises(OSError, match="database down"):
+        await cache.get("b", lambda: src.load("b"))
+
+
+async def test_clear_forgets_everything() -> None:
+    src = Source({"a": "A"})
+    cache: LookupCache[str] = LookupCache(60.0, 10)
+    await cache.get("a", lambda: src.load("a"))
+    cache.clear()
+    await cache.get("a", lambda: src.load("a"))
+    assert src.loads == 2
+
+
+async def test_a_waiter_loads_itself_when_the_loading_caller_goes_away() -> None:
+    src = Source({"a": "A"})
+    cache: LookupCache[str] = LookupCache(60.0, 10)
+    first = asyncio.create_task(cache.get("a", lambda: src.load("a")))
+    await asyncio.sleep(0)  # first is now loading
+    second = asyncio.create_task(cache.get("a", lambda: src.load("a")))
+    await asyncio.sleep(0)
+    first.cancel()
+    assert await second == "A"
+    assert src.loads == 2
+    with pytest.raises(asyncio.CancelledError):
+        await first
