@@ -116,7 +116,7 @@ async def embedded_backend(settings: Settings) -> AsyncIterator[Settings]:
             sim.model, len(running), ", ".join(r.url for r in running), settings.database.url,
         )  # fmt: skip
         yield settings.model_copy(
-            update={"models": [ModelSettings(name=sim.model, backends=backends)]}
+            update={"models": [ModelSettings(name=sim.model, backends=backends, price=sim.price)]}
         )
     finally:
         for r in running:

@@ -175,6 +175,10 @@ class SimSettings(Section):
     instances: int = 1
     port: int = 0
     """0: pick a free loopback port."""
+    price: PriceSettings = PriceSettings(
+        input=Decimal("3.00"), cached_input=Decimal("0.30"), output=Decimal("15.00")
+    )
+    """A demonstration price, so the embedded ledger shows what caching saves."""
 
 
 class Settings(BaseSettings):
