@@ -4,7 +4,7 @@
 # wrk alternates between them ROUNDS times so drift on a shared machine hits both alike.
 # Besides requests/s it reports the gateway process's CPU time per request, which other
 # load on the machine disturbs far less than throughput.
-#   deploy/metrics-overhead.sh [ROUNDS] [SECONDS]
+#   deploy/bench/metrics-overhead.sh [ROUNDS] [SECONDS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${1:-3}
