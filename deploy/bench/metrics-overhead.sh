@@ -6,7 +6,7 @@
 # load on the machine disturbs far less than throughput.
 #   deploy/bench/metrics-overhead.sh [ROUNDS] [SECONDS]
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 ROUNDS=${1:-3}
 SECONDS_PER_RUN=${2:-10}
 PY=${PYTHON:-.venv/bin/python}
