@@ -46,7 +46,11 @@ async def handle(call: Call, body: bytes, endpoint: Endpoint, svc: Services) -> 
         backend, upstream = await svc.batching.submit(
             call, model, payload, lambda c, body, pin: dispatch(c, model, body, svc, pin)
         )
-        headers = {"x-request-id": call.id, **forward.passed_headers(upstream)}
+        headers = {
+            "x-request-id": call.id,
+            "x-gateway-backend": backend.name,
+            **forward.passed_headers(upstream),
+        }
         if call.quota is not None:
             headers.update(call.quota.headers)
         if call.request.stream:
