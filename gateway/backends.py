@@ -39,6 +39,11 @@ class Backend:
     kv_usage: float = 0.0
     """vLLM's `vllm:kv_cache_usage_perc` (0..1), from the last scrape."""
 
+    @property
+    def others(self) -> int:
+        """Requests the engine runs or queues beyond this gateway's own (other replicas')."""
+        return max(self.running + self.waiting - self.in_flight, 0)
+
     @classmethod
     def from_settings(cls, cfg: BackendSettings) -> Backend:
         url = cfg.url.rstrip("/").removesuffix("/v1")
@@ -88,9 +93,14 @@ class BackendPool:
             raise ModelNotFound(f"The model `{name}` does not exist.", param="model") from None
 
     def candidates(self, model: Model, exclude: set[str]) -> list[Candidate]:
-        """The model's backends as routing sees them, less those already tried."""
+        """The model's backends as routing sees them, less those already tried.
+
+        Load is this gateway's own in-flight count (exact, current) plus what the engine
+        holds beyond it (other replicas' calls), from the last scrape. Adding the engine's
+        whole queue instead would count our own calls twice, and with a second's lag.
+        """
         out = [
-            Candidate(b.name, b.healthy, b.in_flight, b.waiting, b.kv_usage, b.weight)
+            Candidate(b.name, b.healthy, b.in_flight, b.others, b.kv_usage, b.weight)
             for b in model.backends
             if b.name not in exclude
         ]

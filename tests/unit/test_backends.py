@@ -23,3 +23,12 @@ def test_unlabelled_and_garbage_lines() -> None:
     assert parse_engine_load("vllm:num_requests_running 4\nvllm:kv_cache_usage_perc x\n") == {
         "vllm:num_requests_running": 4.0
     }
+
+
+def test_engine_load_beyond_our_own_calls_is_what_routing_adds() -> None:
+    from gateway.backends import Backend
+
+    b = Backend(name="b", url="http://b", in_flight=5, running=4, waiting=3)
+    assert b.others == 2  # 7 at the engine, 5 of them ours
+    b.in_flight = 9  # the scrape lags behind calls sent since
+    assert b.others == 0
