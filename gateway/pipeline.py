@@ -14,6 +14,7 @@ import aiohttp
 import orjson
 from starlette.responses import Response
 
+from gateway import batching
 from gateway.backends import Backend, Model
 from gateway.errors import GatewayError
 from gateway.flow import Call, Endpoint, Route
@@ -42,8 +43,14 @@ async def handle(call: Call, body: bytes, endpoint: Endpoint, svc: Services) -> 
             call.prefix = svc.prefix.key(call.request, model.encoding)
         await limits.admit(call, len(body), svc.limits)
         payload = forward.upstream_body(call.request, model.upstream_name, body)
-        backend, upstream = await dispatch(call, model, payload, svc)
-        headers = {"x-request-id": call.id, **forward.passed_headers(upstream)}
+        backend, upstream = await svc.batching.submit(
+            call, model, payload, lambda c, body, pin: dispatch(c, model, body, svc, pin)
+        )
+        headers = {
+            "x-request-id": call.id,
+            "x-gateway-backend": backend.name,
+            **forward.passed_headers(upstream),
+        }
         if call.quota is not None:
             headers.update(call.quota.headers)
         if call.request.stream:
@@ -63,10 +70,13 @@ async def handle(call: Call, body: bytes, endpoint: Endpoint, svc: Services) -> 
 
 
 async def dispatch(
-    call: Call, model: Model, payload: bytes, svc: Services
+    call: Call, model: Model, payload: bytes, svc: Services, pin: str | None = None
 ) -> tuple[Backend, aiohttp.ClientResponse]:
-    """Route and send; a refused connection is retried once on another backend."""
-    tried: set[str] = set()
+    """Route and send; a refused connection is retried once on another backend.
+
+    ``pin`` names the only backend to consider (the batch stage's held calls).
+    """
+    tried = {b.name for b in model.backends if b.name != pin} if pin else set()
     for attempt in range(MAX_ATTEMPTS):
         call.route = await route(call, model, svc, tried)
         backend = svc.backends.backends[call.route.backend]
@@ -117,12 +127,15 @@ def finish(call: Call, svc: Services, scanner: EventScanner | None = None) -> fl
     if call.done_at is None:
         call.done_at = time.perf_counter()
     if call.route is not None and call.dispatched_at is not None:
-        occupy(svc.backends.backends[call.route.backend], svc, -1)
-        if scanner is not None and (call.usage is None or call.prefix is not None):
+        own = batching.owns_upstream(call)
+        if own:
+            occupy(svc.backends.backends[call.route.backend], svc, -1)
+        if scanner is not None and (call.usage is None or (own and call.prefix is not None)):
             call.reply = usage.delivered_text(scanner.delivered)
         if call.usage is None:
             call.usage = estimate_usage(call, svc)
-        learn(call, svc)
+        if own:
+            learn(call, svc)
     svc.ledger.record(call)
     limits.settle(call, svc.limits)
     spent = overhead(call)

@@ -30,4 +30,4 @@ def connect(settings: RedisSettings, timeout: float) -> Redis | RedisCluster:
     pool = BlockingConnectionPool.from_url(
         settings.url, max_connections=POOL_SIZE, timeout=timeout, **options
     )
-    return Redis(connection_pool=pool)
+    return Redis.from_pool(pool)  # owns the pool: aclose() also closes its connections

@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from prometheus_client import CollectorRegistry
 
 from gateway.backends import BackendPool
+from gateway.batching import Batcher
 from gateway.index import open_index
 from gateway.index.base import PrefixIndex
 from gateway.keys import KeyRing
@@ -41,6 +42,7 @@ class Services:
     ledger: Ledger
     keys: KeyRing
     limits: Limiter
+    batching: Batcher
     started_at: float
 
     @classmethod
@@ -75,6 +77,8 @@ class Services:
             backends = BackendPool(settings.models, settings.upstream, metrics)
             await backends.start()
             stack.push_async_callback(backends.aclose)
+            batcher = Batcher(settings.batching)
+            stack.push_async_callback(batcher.aclose)
             yield cls(
                 settings=settings,
                 registry=registry,
@@ -87,6 +91,7 @@ class Services:
                 ledger=ledger,
                 keys=keys,
                 limits=limits,
+                batching=batcher,
                 started_at=time.time(),
             )
 
@@ -111,7 +116,7 @@ async def embedded_backend(settings: Settings) -> AsyncIterator[Settings]:
             sim.model, len(running), ", ".join(r.url for r in running), settings.database.url,
         )  # fmt: skip
         yield settings.model_copy(
-            update={"models": [ModelSettings(name=sim.model, backends=backends)]}
+            update={"models": [ModelSettings(name=sim.model, backends=backends, price=sim.price)]}
         )
     finally:
         for r in running:

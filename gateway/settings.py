@@ -145,12 +145,27 @@ class AuthSettings(Section):
 
 
 class BatchingSettings(Section):
+    """The batch stage (gateway.batching): calls that can share upstream work."""
+
     coalesce: bool = True
+    """Identical deterministic calls (temperature 0, n = 1) in flight together share one
+    upstream call."""
     cold_prefix_hold: bool = True
-    hold_min_tokens: int = 256
-    hold_max_wait: float = 2.0
-    embeddings_window: float = 0.002
-    embeddings_max_batch: int = 64
+    """Calls sharing a long prefix that no backend holds wait for one leader's first token,
+    then go to its backend."""
+    hold_min_tokens: int = Field(256, ge=1)
+    """Calls wait for a leader when they share at least this many leading tokens with it
+    (gateway tokenizer)..."""
+    hold_min_share: float = Field(0.5, ge=0.0, le=1.0)
+    """...and that cover at least this share of the waiting call's own prompt (as the
+    routing policy's min_match_share: sharing only an opening is not worth the wait)."""
+    hold_max_wait: float = Field(2.0, ge=0.0)
+    """Seconds after a leader was sent that calls still wait for it; then they route as usual."""
+    embeddings_window: float = Field(0.002, ge=0.0)
+    """Longest wait, in seconds, for more embeddings calls to join a batch (only while a call
+    of the same kind is upstream; an idle gateway sends at once). 0 turns micro-batching off."""
+    embeddings_max_batch: int = Field(64, ge=1)
+    """Most inputs in one batched embeddings request."""
 
 
 class SimSettings(Section):
@@ -160,6 +175,10 @@ class SimSettings(Section):
     instances: int = 1
     port: int = 0
     """0: pick a free loopback port."""
+    price: PriceSettings = PriceSettings(
+        input=Decimal("3.00"), cached_input=Decimal("0.30"), output=Decimal("15.00")
+    )
+    """A demonstration price, so the embedded ledger shows what caching saves."""
 
 
 class Settings(BaseSettings):

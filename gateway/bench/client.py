@@ -20,6 +20,8 @@ import orjson
 from gateway.bench.workloads import Turn
 
 INSTANCE_HEADER = "x-backend-instance"
+GATEWAY_BACKEND_HEADER = "x-gateway-backend"
+"""The backend our gateway chose: counts instances behind it when they name no instance."""
 FAILURES = (aiohttp.ClientError, TimeoutError, ValueError, TypeError, AttributeError)
 """Network failures, and chunks that are not JSON (ValueError) or not shaped like a
 chat chunk: each fails its own request, counted by class, and never the whole run."""
@@ -102,7 +104,9 @@ async def stream_chat(
     sample = Sample(turn=turn, started=time.perf_counter())
     try:
         async with session.post(url, data=orjson.dumps(body), headers=headers) as resp:
-            sample.instance = resp.headers.get(INSTANCE_HEADER, "unknown")
+            sample.instance = resp.headers.get(
+                INSTANCE_HEADER, resp.headers.get(GATEWAY_BACKEND_HEADER, "unknown")
+            )
             if resp.status != 200:
                 await resp.read()
                 sample.error = f"HTTP {resp.status}"

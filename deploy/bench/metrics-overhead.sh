@@ -4,9 +4,9 @@
 # wrk alternates between them ROUNDS times so drift on a shared machine hits both alike.
 # Besides requests/s it reports the gateway process's CPU time per request, which other
 # load on the machine disturbs far less than throughput.
-#   deploy/metrics-overhead.sh [ROUNDS] [SECONDS]
+#   deploy/bench/metrics-overhead.sh [ROUNDS] [SECONDS]
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 ROUNDS=${1:-3}
 SECONDS_PER_RUN=${2:-10}
 PY=${PYTHON:-.venv/bin/python}

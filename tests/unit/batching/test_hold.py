@@ -1,0 +1,142 @@
+import asyncio
+
+import aiohttp
+import orjson
+import pytest
+
+from gateway.batching.answers import Answer
+from gateway.batching.hold import FirstToken, PrefixHold, carries_token, shared_blocks
+from gateway.flow import Call, PrefixKey, Request
+from gateway.settings import BatchingSettings
+from tests.unit.batching.fakes import FakeSend, FakeUpstream, chat_call
+
+
+def event(data: object) -> bytes:
+    return b"data: " + orjson.dumps(data) + b"\n\n"
+
+
+def chunk(delta: dict | None = None, text: str | None = None, finish: str | None = None) -> bytes:
+    choice: dict = {"index": 0, "finish_reason": finish}
+    if delta is not None:
+        choice["delta"] = delta
+    if text is not None:
+        choice["text"] = text
+    return event({"object": "chunk", "choices": [choice]})
+
+
+def test_a_role_only_opening_is_not_a_token() -> None:
+    assert not carries_token(chunk({"role": "assistant", "content": ""}).strip())
+    assert carries_token(chunk({"content": " the"}).strip())
+    assert carries_token(chunk({"tool_calls": [{"index": 0}]}).strip())
+    assert carries_token(chunk(text=" the").strip())
+    assert carries_token(chunk({}, finish="length").strip())
+    assert carries_token(b"data: [DONE]")
+    assert not carries_token(event({"error": {"message": "x"}}).strip())
+
+
+def test_first_token_is_found_across_chunk_boundaries() -> None:
+    finder = FirstToken()
+    stream = chunk({"role": "assistant", "content": ""}) + chunk({"content": " word"})
+    cut = len(stream) - 10
+    assert not finder.feed(stream[:cut])
+    assert finder.feed(stream[cut:])
+
+
+def call_with_prefix(hashes: list[int], block_size: int = 16) -> Call:
+    call = Call(id="c", path="/v1/chat/completions")
+    call.request = Request("chat", "m", {})
+    call.prefix = PrefixKey(tokens=len(hashes) * block_size, hashes=hashes, block_size=block_size)
+    return call
+
+
+def test_the_hold_key_names_the_first_hold_min_tokens() -> None:
+    hold = PrefixHold(BatchingSettings(hold_min_tokens=40))  # 3 blocks of 16
+    assert hold.key(call_with_prefix([1, 2])) is None
+    assert hold.key(call_with_prefix([1, 2, 3])) == ("m", 3)
+    assert hold.key(call_with_prefix([1, 2, 3, 4, 5])) == ("m", 3)
+    assert hold.key(call_with_prefix([1, 2, 9, 4])) != hold.key(call_with_prefix([1, 2, 3, 4]))
+
+
+async def test_followers_wait_for_the_leaders_first_token_then_follow_it() -> None:
+    hold, leader_answer = PrefixHold(BatchingSettings(hold_min_tokens=32)), FakeUpstream()
+    send = FakeSend(decision="miss", answers=[leader_answer])
+    leader_call = chat_call([1, 2, 3])
+    backend, answer = await hold.submit(leader_call, b"lead", send)
+    followers = [chat_call([1, 2, 4]) for _ in range(2)]
+    waiting = [asyncio.create_task(hold.submit(c, b"follow", send)) for c in followers]
+    relay = asyncio.create_task(collect(answer))
+    leader_answer.queue.put_nowait(chunk({"role": "assistant", "content": ""}))
+    await asyncio.sleep(0.01)
+    assert len(send.sent) == 1, "released before the prefix was computed"
+    leader_answer.queue.put_nowait(chunk({"content": " the"}))
+    await asyncio.gather(*waiting)
+    assert [pin for _, _, pin in send.sent[1:]] == [backend.name, backend.name]
+    assert [c.served_by for c in followers] == ["held", "held"]
+    assert leader_call.served_by == "upstream"
+    leader_answer.queue.put_nowait(None)
+    await relay
+
+
+async def test_a_failed_leader_releases_followers_to_normal_routing() -> None:
+    hold, leader_answer = PrefixHold(BatchingSettings(hold_min_tokens=32)), FakeUpstream()
+    send = FakeSend(decision="miss", answers=[leader_answer])
+    _, answer = await hold.submit(chat_call([1, 2]), b"lead", send)
+    follower = chat_call([1, 2])
+    waiting = asyncio.create_task(hold.submit(follower, b"follow", send))
+    leader_answer.queue.put_nowait(aiohttp.ClientPayloadError("broke"))
+    with pytest.raises(aiohttp.ClientPayloadError):
+        await collect(answer)
+    await waiting
+    assert send.sent[-1][2] is None
+    assert follower.served_by == "upstream"
+
+
+async def test_the_wait_is_bounded() -> None:
+    hold = PrefixHold(BatchingSettings(hold_min_tokens=32, hold_max_wait=0.05))
+    send = FakeSend(decision="miss", answers=[FakeUpstream()])
+    await hold.submit(chat_call([1, 2]), b"lead", send)  # its answer never comes
+    follower = chat_call([1, 2])
+    await hold.submit(follower, b"follow", send)
+    assert send.sent[-1][2] is None
+    assert follower.served_by == "upstream"
+
+
+async def test_a_warm_prefix_holds_nobody() -> None:
+    hold = PrefixHold(BatchingSettings(hold_min_tokens=32))
+    send = FakeSend(decision="hit", answers=[FakeUpstream()])
+    leading = asyncio.create_task(hold.submit(chat_call([1, 2]), b"lead", send))
+    follower = chat_call([1, 2])
+    await asyncio.gather(leading, hold.submit(follower, b"follow", send))
+    assert send.sent[-1][2] is None
+    assert follower.served_by == "upstream"
+
+
+async def collect(answer: Answer) -> bytes:
+    return b"".join([c async for c in answer.content.iter_any()])
+
+
+async def test_a_leader_past_its_deadline_is_replaced() -> None:
+    hold = PrefixHold(BatchingSettings(hold_min_tokens=32, hold_max_wait=0.02))
+    send = FakeSend(decision="miss", answers=[FakeUpstream(), FakeUpstream()])
+    await hold.submit(chat_call([1, 2]), b"stuck", send)  # never answers
+    await asyncio.sleep(0.03)
+    started = asyncio.get_running_loop().time()
+    await hold.submit(chat_call([1, 2]), b"new leader", send)  # no wait: it leads
+    assert asyncio.get_running_loop().time() - started < 0.015
+    follower = chat_call([1, 2])
+    waiting = asyncio.create_task(hold.submit(follower, b"follow", send))
+    await asyncio.sleep(0.005)
+    assert len(send.sent) == 2, "the follower waits for the new leader"
+    await waiting
+
+
+async def test_a_call_sharing_only_an_opening_is_not_held() -> None:
+    hold = PrefixHold(BatchingSettings(hold_min_tokens=32, hold_min_share=0.5))
+    send = FakeSend(decision="miss", answers=[FakeUpstream()])
+    await hold.submit(chat_call([1, 2, 3, 4]), b"lead", send)  # never answers
+    follower = chat_call([1, 2, 7, 8, 9])  # shares 2 of its 5 blocks
+    await asyncio.wait_for(hold.submit(follower, b"follow", send), 1.0)
+    assert send.sent[-1][2] is None
+    assert follower.served_by == "upstream"
+    assert shared_blocks([1, 2, 3], [1, 2, 3, 4]) == 3
+    assert shared_blocks([1, 5], [1, 2]) == 1
