@@ -285,7 +285,9 @@ async def start_simulator(
     name = config.name or f"sim-{port}"
     engine = Engine(config)
     server = SimServer(config, name, engine)
-    headers = headers_block([(INSTANCE_HEADER, name)])
+    # vLLM answers through uvicorn, which names itself; the instance header is the
+    # simulator's own (vLLM sends `vary` instead, which the simulator does not).
+    headers = headers_block([("server", "uvicorn"), (INSTANCE_HEADER, name)])
     connections: set[Connection] = set()
     loop = asyncio.get_running_loop()
     listener = await loop.create_server(

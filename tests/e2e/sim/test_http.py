@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import time
+from email.utils import parsedate_to_datetime
 
 from gateway.sim.http import Connection, Request, Response, Result
 from tests.e2e.sim.conftest import StartSim
@@ -43,6 +45,10 @@ async def test_pipelined_requests_are_answered_in_order(start_sim: StartSim) -> 
     assert b"chat.completion" in first[2]
     assert b'"object":"list"' in second[2]
     assert first[1][b"x-backend-instance"] == sim.name.encode()
+    # uvicorn's headers, as vLLM sends them
+    assert first[1][b"server"] == b"uvicorn"
+    sent = parsedate_to_datetime(first[1][b"date"].decode())
+    assert abs(sent.timestamp() - time.time()) < 5
 
 
 async def test_expect_continue_and_chunked_request_bodies(start_sim: StartSim) -> None:
