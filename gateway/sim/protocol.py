@@ -1,9 +1,10 @@
 """vLLM's OpenAI dialect: request validation and response bodies, field for field.
 
-Shapes follow vLLM's OpenAI server as run with --enable-prompt-tokens-details: errors
-are ``{"error": {"message", "type", "param", "code"}}`` with an integer code, usage
-carries ``prompt_tokens_details.cached_tokens`` (plus vLLM's ``created_cache_tokens``
-and ``multimodal_tokens``), and a stream that asked for usage ends with a chunk whose
+Shapes follow vLLM 0.32.0's OpenAI server as run with --enable-prompt-tokens-details
+(tests/vllm/fixtures hold its recorded answers): errors are ``{"error": {"message",
+"type", "param", "code"}}`` with an integer code and vLLM's wording, usage carries
+``prompt_tokens_details.cached_tokens`` (plus vLLM's ``created_cache_tokens`` and
+``multimodal_tokens``), and a stream that asked for usage ends with a chunk whose
 ``choices`` is empty.
 """
 
@@ -171,15 +172,15 @@ def parse_completion(body: dict[str, Any], config: SimConfig) -> GenerateRequest
     if isinstance(prompt, list) and len(prompt) == 1 and not isinstance(prompt[0], int):
         prompt = prompt[0]
     if isinstance(prompt, str):
-        tokens, text = tokenizer.encode(prompt), True
+        tokens, from_text = tokenizer.encode(prompt), True
     elif isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
-        tokens, text = prompt, False
+        tokens, from_text = prompt, False
     else:
         raise SimError(
             "'prompt' must be a string, a list of one string or a list of token ids",
             param="prompt",
         )
-    return _generate_request(tokens, text, limit, "max_tokens", body, config)
+    return _generate_request(tokens, from_text, limit, "max_tokens", body, config)
 
 
 def prompt_too_long(n: int, cap: int) -> SimError:
@@ -199,7 +200,7 @@ def prompt_too_long(n: int, cap: int) -> SimError:
 
 def _generate_request(
     prompt: list[int],
-    text: bool,
+    from_text: bool,
     limit: int | None,
     param: str,
     body: dict[str, Any],
@@ -216,7 +217,7 @@ def _generate_request(
         )
     n = len(prompt)
     if n > cap:
-        raise prompt_too_long(min(n, cap + 1) if text else n, cap)
+        raise prompt_too_long(min(n, cap + 1) if from_text else n, cap)
     if (body.get("n") or 1) != 1:
         raise SimError("the simulator only supports n=1", param="n")
     if not prompt:
