@@ -15,7 +15,7 @@ from typing import Any
 
 from gateway.sim import tokenizer
 from gateway.sim.config import SimConfig
-from gateway.sim.protocol import SimError, random_id
+from gateway.sim.protocol import SimError, prompt_too_long, random_id
 
 
 def _inputs(raw: Any) -> list[list[int]]:
@@ -47,12 +47,7 @@ def embeddings_response(body: dict[str, Any], config: SimConfig, created: int) -
         raise SimError("encoding_format must be 'float' or 'base64'", param="encoding_format")
     for tokens in inputs:
         if len(tokens) > config.max_model_len:
-            raise SimError(
-                f"This model's maximum context length is {config.max_model_len} tokens. "
-                f"However, you requested {len(tokens)} tokens in the input for embedding "
-                "generation. Please reduce the length of the input.",
-                param="input_tokens",
-            )
+            raise prompt_too_long(len(tokens), config.max_model_len)
     data = []
     for i, tokens in enumerate(inputs):
         v = vector(tokens, config.embedding_dim)

@@ -13,9 +13,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
+from email.utils import formatdate
 from http import HTTPStatus
 from typing import cast
 
@@ -92,6 +94,9 @@ class Connection(asyncio.Protocol):
         """A response has begun and not ended: an error can only hang up."""
         self._drained: asyncio.Future[None] | None = None
         self.task: asyncio.Task[None] | None = None
+        self._second = 0
+        self._date = b""
+        """The Date header, rendered once a second (as uvicorn does), not per response."""
 
     # -- asyncio.Protocol ---------------------------------------------------------------
 
@@ -193,11 +198,16 @@ class Connection(asyncio.Protocol):
         self._responding = True
         phrase = HTTPStatus(status).phrase.encode()
         close = b"" if keep_alive else b"connection: close\r\n"
-        return b"HTTP/1.1 %d %b\r\ncontent-type: %b\r\n%b%b%b\r\n" % (
+        now = int(time.time())
+        if now != self._second:
+            self._second = now
+            self._date = b"date: %b\r\n" % formatdate(now, usegmt=True).encode()
+        return b"HTTP/1.1 %d %b\r\ncontent-type: %b\r\n%b%b%b%b\r\n" % (
             status,
             phrase,
             content_type,
             extra,
+            self._date,
             self._headers,
             close,
         )

@@ -25,8 +25,8 @@ from gateway.sim.http import Connection, Request, Response, Result, headers_bloc
 from gateway.sim.protocol import GenerateRequest, SimError
 
 INSTANCE_HEADER = "x-backend-instance"
-VERSION = "0.32.0+sim"
-"""The vLLM version whose dialect the simulator speaks."""
+VERSION = f"{protocol.VLLM_VERSION}+sim"
+_SSE = b"text/event-stream; charset=utf-8"
 _DONE = b"data: [DONE]\n\n"
 _NOT_FOUND = Response(404, b'{"detail":"Not Found"}')
 _NOT_ALLOWED = Response(405, b'{"detail":"Method Not Allowed"}')
@@ -40,14 +40,13 @@ def _event(chunk: dict[str, Any]) -> bytes:
     return b"data: " + orjson.dumps(chunk) + b"\n\n"
 
 
-def _opening(reply: protocol.Reply) -> bytes:
-    """A chat stream opens with the assistant's role and empty content; completions don't."""
-    return _event(reply.chunk("", None, role=True)) if reply.chat else b""
-
-
 def _tokens(reply: protocol.Reply, seq: Sequence, tokens: list[int], sent: int) -> bytes:
-    """Events for tokens, which follow the sent first ones; the last carries finish_reason."""
-    out = bytearray()
+    """Events for tokens, which follow the sent first ones; the last carries finish_reason.
+
+    A chat stream opens with the assistant's role and empty content, sent (as vLLM does)
+    with the first token, after prefill: time to the first byte is time to first token.
+    """
+    out = bytearray(_event(reply.opening()) if reply.chat and not sent else b"")
     for n, i in enumerate(tokens, sent + 1):
         finish = seq.finish_reason if n == len(seq.output) else None
         out += _event(reply.chunk(tokenizer.GENERATED_TOKENS[i], finish))
@@ -68,6 +67,7 @@ class SimServer:
         self.engine = engine
         self.registry = metrics.registry_for(engine)
         self.started = protocol.now()
+        self.fingerprint = protocol.fingerprint(config)
         self.routes: dict[str, tuple[str, Callable[[Request], Result]]] = {
             "/v1/chat/completions": ("POST", self.chat),
             "/v1/completions": ("POST", self.completions),
@@ -102,11 +102,9 @@ class SimServer:
     def _body(self, request: Request) -> dict[str, Any]:
         try:
             body = orjson.loads(request.body)
-        except orjson.JSONDecodeError as exc:
-            raise SimError(f"Invalid JSON body: {exc}") from exc
-        body = protocol.require_object(body)
-        protocol.check_model(body, self.config)
-        return body
+        except orjson.JSONDecodeError:
+            raise protocol.invalid_json(request.body) from None
+        return protocol.require_object(body)
 
     # -- generation -------------------------------------------------------------------
 
@@ -120,7 +118,7 @@ class SimServer:
 
     def _generate(self, request: Request, req: GenerateRequest, chat: bool) -> Result:
         seq = self.engine.submit(req.prompt, req.max_tokens)
-        reply = protocol.Reply(chat, self.config.model)
+        reply = protocol.Reply(chat, self.config.model, self.fingerprint, req.include_usage)
         if seq.finish_reason is None:
             if req.stream:
                 return self._stream(request, reply, seq, req)
@@ -128,8 +126,8 @@ class SimServer:
         # Instant mode: the answer is complete, so it goes out in one write, no task.
         if not req.stream:
             return _json(reply.whole(seq))
-        sse = _opening(reply) + _tokens(reply, seq, seq.output, 0) + _closing(reply, seq, req)
-        return Response(200, sse, b"text/event-stream")
+        sse = _tokens(reply, seq, seq.output, 0) + _closing(reply, seq, req)
+        return Response(200, sse, _SSE)
 
     async def _wait(self, reply: protocol.Reply, seq: Sequence) -> Response:
         try:
@@ -143,9 +141,7 @@ class SimServer:
         self, request: Request, reply: protocol.Reply, seq: Sequence, req: GenerateRequest
     ) -> None:
         try:
-            stream = request.stream()
-            if opening := _opening(reply):
-                await stream.write(opening)
+            stream = request.stream(_SSE)
             sent = 0
             while new := await seq.tokens():
                 await stream.write(_tokens(reply, seq, new, sent))
@@ -158,7 +154,9 @@ class SimServer:
     # -- the rest of the surface ----------------------------------------------------------
 
     def embeddings(self, request: Request) -> Result:
-        result = embeddings_response(self._body(request), self.config, protocol.now())
+        body = self._body(request)
+        protocol.check_model(body, self.config)
+        result = embeddings_response(body, self.config, protocol.now())
         self.engine.stats.prompt_tokens += result["usage"]["prompt_tokens"]
         return _json(result)
 
@@ -287,7 +285,9 @@ async def start_simulator(
     name = config.name or f"sim-{port}"
     engine = Engine(config)
     server = SimServer(config, name, engine)
-    headers = headers_block([(INSTANCE_HEADER, name)])
+    # vLLM answers through uvicorn, which names itself; the instance header is the
+    # simulator's own (vLLM sends `vary` instead, which the simulator does not).
+    headers = headers_block([("server", "uvicorn"), (INSTANCE_HEADER, name)])
     connections: set[Connection] = set()
     loop = asyncio.get_running_loop()
     listener = await loop.create_server(

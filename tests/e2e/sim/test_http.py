@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import time
+from email.utils import parsedate_to_datetime
 
 from gateway.sim.http import Connection, Request, Response, Result
 from tests.e2e.sim.conftest import StartSim
@@ -43,6 +45,10 @@ async def test_pipelined_requests_are_answered_in_order(start_sim: StartSim) -> 
     assert b"chat.completion" in first[2]
     assert b'"object":"list"' in second[2]
     assert first[1][b"x-backend-instance"] == sim.name.encode()
+    # uvicorn's headers, as vLLM sends them
+    assert first[1][b"server"] == b"uvicorn"
+    sent = parsedate_to_datetime(first[1][b"date"].decode())
+    assert abs(sent.timestamp() - time.time()) < 5
 
 
 async def test_expect_continue_and_chunked_request_bodies(start_sim: StartSim) -> None:
@@ -116,6 +122,27 @@ async def test_a_streamed_answer_is_chunked_server_sent_events(start_sim: StartS
     lines = [e for e in events.split(b"\n\n") if e]
     assert lines[-1] == b"data: [DONE]"
     assert len(lines) == 1 + 2 + 1  # role, two tokens, [DONE]
+
+
+async def test_a_chat_stream_sends_its_role_with_the_first_token(start_sim: StartSim) -> None:
+    # vLLM writes the role chunk only once the first token exists, so the first body byte
+    # comes after prefill (one step here), in the same write as the first token.
+    sim = await start_sim(step_ms=300.0)
+    reader, writer = await asyncio.open_connection("127.0.0.1", sim.port)
+    body = CHAT[:-1] + b',"stream":true}'
+    sent = asyncio.get_running_loop().time()
+    writer.write(post(b"/v1/chat/completions", body, b"connection: close\r\n"))
+    while await asyncio.wait_for(reader.readline(), 5) != b"\r\n":
+        pass  # the head goes out at once, as uvicorn sends it
+    size = int(await asyncio.wait_for(reader.readline(), 5), 16)
+    first = await reader.readexactly(size)
+    waited = asyncio.get_running_loop().time() - sent
+    writer.close()
+    events = [e for e in first.split(b"\n\n") if e]
+    assert len(events) == 2
+    assert b'"role":"assistant"' in events[0]
+    assert b'"content":" ' in events[1]  # a generated word
+    assert waited >= 0.3
 
 
 async def test_a_failing_handler_gets_a_500_and_the_connection_closes() -> None:

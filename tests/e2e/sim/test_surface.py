@@ -81,7 +81,7 @@ async def test_a_client_gone_before_a_plain_answer_is_aborted(start_sim: StartSi
 @pytest.mark.parametrize(
     ("body", "status", "kind"),
     [
-        ({"model": "sim"}, 400, "BadRequestError"),
+        ({"model": "sim"}, 400, "Bad Request"),  # FastAPI's validation, as vLLM words it
         ({**CHAT, "max_tokens": 0}, 400, "BadRequestError"),
         ({**CHAT, "max_completion_tokens": -1}, 400, "BadRequestError"),
         (
@@ -106,6 +106,28 @@ async def test_bad_requests_get_vllm_error_shape(
     assert error["type"] == kind
     assert error["code"] == status
     assert error["message"]
+
+
+async def test_an_output_limit_past_the_context_end_is_cut_to_fit(start_sim: StartSim) -> None:
+    # vLLM 0.32 refuses only a max_tokens above max_model_len; otherwise it stops the
+    # answer where the context ends.
+    sim = await start_sim(max_model_len=256, step_ms=0.0)
+    async with httpx.AsyncClient() as http:
+        r = await http.post(sim.url + "/v1/chat/completions", json={**CHAT, "max_tokens": 250})
+    assert r.status_code == 200
+    body = r.json()
+    assert body["choices"][0]["finish_reason"] == "length"
+    assert body["usage"]["total_tokens"] == 256
+
+
+async def test_a_body_that_is_not_json_is_refused_as_fastapi_does(start_sim: StartSim) -> None:
+    sim = await start_sim()
+    async with httpx.AsyncClient() as http:
+        r = await http.post(sim.url + "/v1/chat/completions", content=b"{not json")
+    assert r.status_code == 400
+    error = r.json()["error"]
+    assert (error["type"], error["param"], error["code"]) == ("Bad Request", "body.1", 400)
+    assert "Expecting property name enclosed in double quotes" in error["message"]
 
 
 async def test_the_official_client_raises_its_own_error_types(start_sim: StartSim) -> None:
