@@ -6,6 +6,7 @@ parse -> prefix -> route (index + load) -> forward -> (stream relay | whole body
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from datetime import UTC, datetime
@@ -51,7 +52,7 @@ async def handle(call: Call, body: bytes, endpoint: Endpoint, svc: Services) -> 
         raise
     call.done_at = time.perf_counter()
     call.usage = usage.from_body(raw)
-    headers[OVERHEAD_HEADER] = milliseconds(finish(call, svc))
+    headers[OVERHEAD_HEADER] = milliseconds(finish(call, svc, answer=usage.answer_text(raw)))
     return Response(raw, media_type="application/json", headers=headers)
 
 
@@ -102,9 +103,12 @@ async def route(call: Call, model: Model, svc: Services, exclude: set[str]) -> R
     )
 
 
-def finish(call: Call, svc: Services, scanner: EventScanner | None = None) -> float | None:
+def finish(
+    call: Call, svc: Services, scanner: EventScanner | None = None, answer: str = ""
+) -> float | None:
     """Account for a finished call; returns the gateway's overhead on it (seconds).
 
+    ``answer``: the generated text of a whole-body answer (a stream's is in its scanner).
     Never raises: the client's answer is already decided.
     """
     if call.done_at is None:
@@ -113,7 +117,7 @@ def finish(call: Call, svc: Services, scanner: EventScanner | None = None) -> fl
         occupy(svc.backends.backends[call.route.backend], svc, -1)
         if call.usage is None:
             call.usage = estimate_usage(call, scanner, svc)
-        learn(call, svc)
+        learn(call, svc, usage.delivered_text(scanner.delivered) if scanner else answer)
     svc.ledger.record(call)
     spent = overhead(call)
     if svc.settings.metrics_enabled:
@@ -169,17 +173,25 @@ def remember(call: Call, svc: Services) -> None:
         svc.index.record(call.request.model, call.route.backend, call.prefix.hashes)
 
 
-def learn(call: Call, svc: Services) -> None:
-    """Correct the index with what the backend reported, and score the prediction."""
+def learn(call: Call, svc: Services, answer: str = "") -> None:
+    """Correct the index with what the backend reported, and score the prediction.
+
+    A chat answer is recorded with its prompt: the backend caches the generated blocks
+    too, and the conversation's next turn resends them as its history.
+    """
     key, route, u = call.prefix, call.route, call.usage
     if key is None or not key.hashes or route is None or call.request is None or u is None:
         return
     prefilled = not u.estimated or call.first_byte_at is not None
+    held = key
+    if answer and prefilled and call.request.endpoint == "chat":
+        encoding = svc.backends.model(call.request.model).encoding
+        held = dataclasses.replace(key, hashes=svc.prefix.answered(call.request, answer, encoding))
     fb = feedback.observe(
         svc.index,
         call.request.model,
         route.backend,
-        key,
+        held,
         route.matched_blocks,
         u.cached_tokens if prefilled else None,
         (u.prompt_tokens or key.tokens) if prefilled else None,

@@ -51,11 +51,14 @@ a router missing there is looked up on PATH)."""
 UNLIMITED_BLOCKS = 10_000_000
 
 WORKLOADS: dict[str, Workload] = {
-    # 48 system prompts of ~1,000 tokens: the working set is 3x one instance's 16k cache.
-    "shared-prefix": SharedPrefix(groups=48, prefix_words=1000, questions=16, max_tokens=32),
-    # 64 live conversations growing to ~700 tokens: ~45k tokens, 3x one instance's cache.
+    # 32 system prompts of ~1,000 tokens: twice one instance's 16k cache, half the cluster's.
+    "shared-prefix": SharedPrefix(groups=32, prefix_words=1000, questions=16, max_tokens=32),
+    # 47 live conversations of 6 turns growing to ~950 tokens: ~45k tokens at a wave's end,
+    # nearly 3x one instance's cache. 47, not 48: with a multiple of the instance count,
+    # round robin over the turn-major order would send every turn of a conversation to
+    # the same instance and look sticky by accident.
     "multi-turn": MultiTurn(
-        conversations=64, turns_per_conversation=6, message_words=64, max_tokens=48
+        conversations=47, turns_per_conversation=6, message_words=96, max_tokens=64
     ),
 }
 

@@ -75,6 +75,18 @@ class PrefixHasher:
             anchor=digest(memoryview(buf)[:opening]),
         )
 
+    def answered(self, request: Request, answer: str, encoding: str) -> list[int]:
+        """Block hashes of a chat prompt followed by its answer as the next turn resends it.
+
+        The backend caches the generated tokens too, so a conversation's next turn finds
+        the answer cached there as well; recording these blocks lets the index see that
+        (without them, turn two's match stops where turn one's prompt did).
+        """
+        messages = [*(request.body.get("messages") or []), {"role": "assistant", "content": answer}]
+        texts = render_chat({**request.body, "messages": messages})
+        buf = b"".join(self._text_tokens(encoding, text) for text in texts)
+        return block_hashes(buf, self._block, self._max_blocks)
+
     def _prompt_tokens(self, prompt: Any, encoding: str) -> bytes:
         """A completion prompt's tokens; for a list of prompts, the first one's."""
         if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):

@@ -13,7 +13,7 @@ import orjson
 
 from gateway.flow import Usage
 
-__all__ = ["Usage", "delivered_text", "from_body", "from_usage"]
+__all__ = ["Usage", "answer_text", "delivered_text", "from_body", "from_usage"]
 
 
 def from_usage(usage: Any) -> Usage | None:
@@ -61,3 +61,16 @@ def delivered_text(events: list[bytes]) -> str:
             if isinstance(text, str):
                 parts.append(text)
     return "".join(parts)
+
+
+def answer_text(body: bytes) -> str:
+    """The first choice's generated text of a whole (non-streamed) chat response."""
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return ""
+    choices = data.get("choices") if isinstance(data, dict) else None
+    first = choices[0] if isinstance(choices, list) and choices else None
+    message = first.get("message") if isinstance(first, dict) else None
+    content = message.get("content") if isinstance(message, dict) else None
+    return content if isinstance(content, str) else ""

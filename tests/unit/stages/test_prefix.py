@@ -191,3 +191,14 @@ def test_pieces_of_a_prefix_are_a_prefix_of_the_pieces() -> None:
         part = pieces(text[:cut])
         assert part[:-1] == whole[: len(part) - 1]
     assert pieces("no newline " * 1000) == ["no newline " * 1000]
+
+
+def test_answered_hashes_are_the_next_turns_prefix(hasher: PrefixHasher) -> None:
+    system, question = ("system", "You answer briefly. " * 10), ("user", "What is a cache? " * 8)
+    answer = "A place that keeps what was computed, so it is not computed again. " * 4
+    first = hasher.key(chat(system, question), ENC)
+    held = hasher.answered(chat(system, question), answer, ENC)
+    follow_up = hasher.key(chat(system, question, ("assistant", answer), ("user", "Why?")), ENC)
+    assert held[: len(first.hashes)] == first.hashes
+    assert len(held) > len(first.hashes) + 2  # the answer's blocks too
+    assert follow_up.hashes[: len(held)] == held

@@ -1,5 +1,5 @@
 from gateway.flow import Usage
-from gateway.stages.usage import from_body, from_usage
+from gateway.stages.usage import answer_text, from_body, from_usage
 
 
 def test_cached_tokens_from_details() -> None:
@@ -23,3 +23,11 @@ def test_not_a_usage_object() -> None:
     assert from_body(b"not json") is None
     assert from_body(b'{"usage": null}') is None
     assert from_body(b'{"usage": {"prompt_tokens": 3}}') == Usage(prompt_tokens=3)
+
+
+def test_answer_text_of_a_whole_chat_response() -> None:
+    body = b'{"choices": [{"message": {"role": "assistant", "content": "Hi there"}}]}'
+    assert answer_text(body) == "Hi there"
+    assert answer_text(b'{"choices": []}') == ""
+    assert answer_text(b'{"choices": [{"message": {"content": null}}]}') == ""
+    assert answer_text(b"not json") == ""
