@@ -6,7 +6,6 @@ parse -> prefix -> route (index + load) -> forward -> (stream relay | whole body
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from datetime import UTC, datetime
@@ -183,18 +182,16 @@ def learn(call: Call, svc: Services, answer: str = "") -> None:
     if key is None or not key.hashes or route is None or call.request is None or u is None:
         return
     prefilled = not u.estimated or call.first_byte_at is not None
-    held = key
-    if answer and prefilled and call.request.endpoint == "chat":
-        encoding = svc.backends.model(call.request.model).encoding
-        held = dataclasses.replace(key, hashes=svc.prefix.answered(call.request, answer, encoding))
+    encoding = svc.backends.model(call.request.model).encoding
     fb = feedback.observe(
         svc.index,
         call.request.model,
         route.backend,
-        held,
+        key,
         route.matched_blocks,
         u.cached_tokens if prefilled else None,
         (u.prompt_tokens or key.tokens) if prefilled else None,
+        holds=svc.prefix.reply_key(call.request, encoding, answer) if prefilled else None,
     )
     if fb.reported and not u.estimated and svc.settings.metrics_enabled:
         predicted = route.predicted_cached_tokens / max(key.tokens, 1)

@@ -88,14 +88,14 @@ class RoutingSettings(Section):
     """Seconds a prefill-state handle lives without being renewed by a hit."""
     min_match_blocks: int = 1
     load_slack: int = 4
-    """A matched backend keeps the call while its load is within this many requests of the
-    least loaded one (plus a margin proportional to the cached share)."""
+    """A backend holding the whole prompt keeps the call while its load is within this many
+    requests of the least loaded one; one holding a share s of it, within s times as many."""
     session_affinity: bool = True
     min_match_share: float = Field(0.5, ge=0.0, le=1.0)
     """A match covering less of the prompt than this (e.g. only a shared system prompt) is
     weak: the call goes to the least loaded backend as on a miss, so conversations spread."""
     backend_cache_tokens: int = Field(0, ge=0)
-    """KV-cache capacity of one backend in gateway tokens; 0 = unknown (TTL bounds only).
+    """KV-cache capacity of one backend in gateway tokens; 0 = unknown (assumed 4M tokens).
     The index forgets a backend's least recently used handles beyond it."""
 
 

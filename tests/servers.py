@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -22,7 +23,22 @@ from tests.conftest import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 
-__all__ = ["ROOT", "free_port", "gateway_process", "wait_http"]
+__all__ = ["ROOT", "consecutive_free_ports", "free_port", "gateway_process", "wait_http"]
+
+
+def consecutive_free_ports(n: int) -> int:
+    """A port P with P..P+n-1 all free now: a bare free port's neighbour is often taken
+    on a busy machine (outgoing connections use the same ephemeral range)."""
+    for _ in range(50):
+        base = free_port()
+        try:
+            for port in range(base + 1, base + n):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return base
+    raise AssertionError(f"no {n} consecutive free ports found")
 
 
 def wait_http(

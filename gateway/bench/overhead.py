@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import re
 import shutil
 import statistics
@@ -30,13 +31,15 @@ import aiohttp
 import httpx
 
 MODEL = "sim-model"
+KEY = "sk-3f9c2a7e5b1d4068a9e7c3b2f1d0e4a5b6c7d8e9f0a1b2c3"
+"""Sent to every target; LiteLLM's proxy refuses to start without a strong master key."""
 CHAT = (
     f'{{"model":"{MODEL}","messages":[{{"role":"user","content":"Say hello in a few words."}}],'
     '"max_tokens":8}'
 )
 LUA = f"""wrk.method = "POST"
 wrk.headers["Content-Type"] = "application/json"
-wrk.headers["Authorization"] = "Bearer sk-bench"
+wrk.headers["Authorization"] = "Bearer {KEY}"
 wrk.body = '{CHAT}'
 """
 
@@ -60,9 +63,15 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def process(cmd: list[str], ready_url: str, log: Path, timeout: float = 90) -> Iterator[None]:
+def process(
+    cmd: list[str],
+    ready_url: str,
+    log: Path,
+    timeout: float = 90,
+    env: dict[str, str] | None = None,
+) -> Iterator[None]:
     with log.open("w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
         try:
             deadline = time.monotonic() + timeout
             while time.monotonic() < deadline:
@@ -102,7 +111,7 @@ def wrk(url: str, lua: Path, connections: int, seconds: float) -> tuple[float, f
 async def ttfb(base: str, n: int) -> list[float]:
     """Time to the first body byte of a streamed chat call, sequentially, in ms."""
     body = CHAT[:-1] + ',"stream":true}'
-    headers = {"content-type": "application/json", "authorization": "Bearer sk-bench"}
+    headers = {"content-type": "application/json", "authorization": f"Bearer {KEY}"}
     out: list[float] = []
     async with aiohttp.ClientSession() as session:
         for _ in range(n):
@@ -134,7 +143,8 @@ def run(args: argparse.Namespace) -> None:
             [py, "-m", "gateway", "sim", "--instant", "--port", str(sim_port)],
             sim + "/health", tmp / "sim.log"))  # fmt: skip
         stack.enter_context(process(
-            [py, "-m", "gateway", "serve", "--config", str(cfg), "--port", str(gw_port)],
+            [py, "-m", "gateway", "serve", "--config", str(cfg), "--port", str(gw_port),
+             "--workers", str(args.workers)],
             targets[1].base.removesuffix("/v1") + "/health", tmp / "gateway.log"))  # fmt: skip
         if args.litellm:
             port = free_port()
@@ -143,11 +153,13 @@ def run(args: argparse.Namespace) -> None:
                 f"model_list:\n  - model_name: {MODEL}\n    litellm_params:\n"
                 f"      model: openai/{MODEL}\n      api_base: {sim}/v1\n      api_key: none\n"
             )
+            # The local cost map: no attempt to fetch it from the network at start.
+            env = {**os.environ, "LITELLM_MASTER_KEY": KEY, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
             stack.enter_context(process(
                 [args.litellm, "--config", str(lcfg), "--port", str(port),
                  "--host", "127.0.0.1"],
                 f"http://127.0.0.1:{port}/health/liveliness", tmp / "litellm.log",
-                180))  # fmt: skip
+                180, env))  # fmt: skip
             targets.append(Target("litellm", f"http://127.0.0.1:{port}/v1"))
         if args.vllm_router:
             port = free_port()
@@ -159,7 +171,7 @@ def run(args: argparse.Namespace) -> None:
         for t in targets:  # warm up, and prove each answers a real call
             r = httpx.post(t.base + "/chat/completions", content=CHAT, timeout=30,
                            headers={"content-type": "application/json",
-                                    "authorization": "Bearer sk-bench"})  # fmt: skip
+                                    "authorization": f"Bearer {KEY}"})  # fmt: skip
             r.raise_for_status()
             wrk(t.base + "/chat/completions", lua, 16, 2)
         for round_ in range(args.rounds):
@@ -202,6 +214,7 @@ def main() -> None:
     parser.add_argument("--vllm-router", help="path of the `vllm-router` command")
     parser.add_argument("--duration", type=int, default=5, help="seconds per wrk run")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--workers", type=int, default=1, help="gateway worker processes")
     parser.add_argument("--ttfb-calls", type=int, default=200)
     run(parser.parse_args())
 

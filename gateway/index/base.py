@@ -13,6 +13,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
+from gateway.settings import PrefixSettings, RoutingSettings
+
+UNKNOWN_CAPACITY_TOKENS = 1 << 22
+"""Assumed when ``backend_cache_tokens`` is unset: more than one vLLM instance's KV cache
+holds (about 4M tokens), yet a bound on the index's memory per backend."""
+
+
+def capacity_blocks(routing: RoutingSettings, prefix: PrefixSettings) -> int:
+    """Handles one backend can hold."""
+    tokens = routing.backend_cache_tokens or UNKNOWN_CAPACITY_TOKENS
+    return max(tokens // prefix.block_size, 1)
+
 
 class PrefixIndex(Protocol):
     @property

@@ -33,6 +33,7 @@ def observe(
     predicted_blocks: int,
     reported_cached: int | None,
     reported_prompt: int | None,
+    holds: PrefixKey | None = None,
 ) -> Feedback:
     """Correct the index after a call to ``backend``; returns the comparison for metrics.
 
@@ -40,17 +41,18 @@ def observe(
     concurrent calls with a new prefix follow the first one):
 
     - The backend reported usage, so it prefilled the prompt and holds all of it now,
-      whatever it held before: the handles are renewed, never cut. Cutting them to the
-      reported share would send the conversation's next turn elsewhere, to a backend that
-      holds none of it. A shortfall is returned (``overestimated``) for the accuracy
-      metrics.
+      whatever it held before: the handles are renewed, never cut (with ``holds``, the
+      prompt and its reply from ``PrefixHasher.reply_key``, the reply's blocks too).
+      Cutting them to the reported share would send the conversation's next turn
+      elsewhere, to a backend that holds none of it. A shortfall is returned
+      (``overestimated``) for the accuracy metrics.
     - No usage (the call failed before prefill): the dispatch record is withdrawn down to
       what the index predicted before the call.
     """
     if reported_prompt is None or reported_prompt <= 0:
         index.forget(model, backend, key.hashes, predicted_blocks)
         return Feedback(predicted_blocks, 0, reported=False)
-    index.record(model, backend, key.hashes)
+    index.record(model, backend, (holds or key).hashes)
     held = held_blocks(key, reported_cached or 0, reported_prompt)
     return Feedback(predicted_blocks, held, reported=True)
 

@@ -6,6 +6,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
+from gateway.index.base import capacity_blocks
 from gateway.settings import PrefixSettings, RoutingSettings
 
 
@@ -19,12 +20,10 @@ class MemoryIndex:
         clock: Callable[[], int] = lambda: time.monotonic_ns() // 1000,
     ) -> None:
         self._ttl = int(routing.handle_ttl * 1_000_000)
-        self._capacity = routing.backend_cache_tokens // prefix.block_size
+        self._capacity = capacity_blocks(routing, prefix)
         self._clock = clock
-        self._handles: dict[str, dict[int, dict[str, int]]] = {}
-        """model -> block hash -> backend -> last use (µs)."""
-        self._lru: dict[tuple[str, str], OrderedDict[int, None]] = {}
-        """(model, backend) -> its block hashes, least recently used first."""
+        self._held: dict[str, dict[str, OrderedDict[int, int]]] = {}
+        """model -> backend -> block hash -> last use (µs), least recently used first."""
 
     @property
     def healthy(self) -> bool:
@@ -40,73 +39,61 @@ class MemoryIndex:
         pass
 
     async def lookup(self, model: str, hashes: Sequence[int]) -> dict[str, int]:
-        handles = self._handles.get(model, {})
+        held = self._held.get(model, {})
         oldest = self._clock() - self._ttl
 
-        def holders(i: int) -> set[str]:
-            return {b for b, t in handles.get(hashes[i], {}).items() if t >= oldest}
+        def holds(backend: str, i: int) -> bool:
+            return held[backend].get(hashes[i], oldest - 1) >= oldest
 
-        return deepest(len(hashes), holders)
+        return deepest(len(hashes), set(held), holds)
 
     def record(self, model: str, backend: str, hashes: Sequence[int]) -> None:
         now = self._clock()
-        handles = self._handles.setdefault(model, {})
-        lru = self._lru.setdefault((model, backend), OrderedDict())
+        held = self._held.setdefault(model, {}).setdefault(backend, OrderedDict())
         # Deepest first, so a prompt's shallow blocks end up the most recently used and
         # trimming takes its tail first, keeping what remains a prefix.
         for i in range(len(hashes) - 1, -1, -1):
-            handles.setdefault(hashes[i], {})[backend] = now - i
-            lru[hashes[i]] = None
-            lru.move_to_end(hashes[i])
-        self._trim(model, backend, now)
+            held[hashes[i]] = now - i
+            held.move_to_end(hashes[i])
+        self._trim(held, now)
 
     def forget(self, model: str, backend: str, hashes: Sequence[int], keep_blocks: int) -> None:
-        for h in hashes[max(keep_blocks, 0) :]:
-            self._drop(model, backend, h)
+        held = self._held.get(model, {}).get(backend)
+        if held is not None:
+            for h in hashes[max(keep_blocks, 0) :]:
+                held.pop(h, None)
 
     async def size(self) -> int:
         now = self._clock()
-        for model, backend in list(self._lru):
-            self._trim(model, backend, now)
-        return sum(len(lru) for lru in self._lru.values())
+        for backends in self._held.values():
+            for held in backends.values():
+                self._trim(held, now)
+        return sum(len(held) for backends in self._held.values() for held in backends.values())
 
-    def _trim(self, model: str, backend: str, now: int) -> None:
+    def _trim(self, held: OrderedDict[int, int], now: int) -> None:
         """Drop expired handles, then the least recently used beyond the capacity."""
-        lru = self._lru[(model, backend)]
-        handles = self._handles[model]
-        while lru:
-            h = next(iter(lru))
-            expired = handles[h][backend] < now - self._ttl
-            if not expired and not (self._capacity and len(lru) > self._capacity):
+        excess = len(held) - self._capacity
+        while held:
+            h, last_use = next(iter(held.items()))
+            if last_use >= now - self._ttl and excess <= 0:
                 break
-            self._drop(model, backend, h)
-        if not lru:
-            del self._lru[(model, backend)]
-
-    def _drop(self, model: str, backend: str, h: int) -> None:
-        lru = self._lru.get((model, backend))
-        if lru is not None:
-            lru.pop(h, None)
-        holders = self._handles.get(model, {}).get(h)
-        if holders is not None:
-            holders.pop(backend, None)
-            if not holders:
-                del self._handles[model][h]
+            del held[h]
+            excess -= 1
 
 
-def deepest(n: int, holders: Callable[[int], set[str]]) -> dict[str, int]:
+def deepest(n: int, backends: set[str], holds: Callable[[str, int], bool]) -> dict[str, int]:
     """Per backend, how many leading blocks of n it holds, probing as few blocks as it can.
 
-    A binary search for all backends at once: each probe of block ``mid`` splits the
-    backends still in question into those holding it (their answer lies at or beyond
-    ``mid``) and those not (before it). Holdings are prefix-closed (a backend holding block
-    i holds the blocks before it), so a lookup costs about log2(n) probes per distinct
-    depth. The Redis index runs the same search in Lua.
+    A binary search for all backends at once: probing block ``mid`` splits the backends
+    still in question into those holding it (their answer lies at or beyond ``mid``) and
+    those not (before it). Holdings are prefix-closed (a backend holding block i holds
+    the blocks before it), so a lookup costs about log2(n) probes per backend that holds
+    anything. The Redis index runs the same search in Lua.
     """
     out: dict[str, int] = {}
     if n == 0:
         return out
-    stack = [(0, n - 1, holders(0))]
+    stack = [(0, n - 1, {b for b in backends if holds(b, 0)})]
     while stack:
         lo, hi, group = stack.pop()
         if not group:
@@ -115,7 +102,7 @@ def deepest(n: int, holders: Callable[[int], set[str]]) -> dict[str, int]:
             out.update(dict.fromkeys(group, lo + 1))
             continue
         mid = (lo + hi + 1) // 2
-        there = holders(mid)
-        stack.append((mid, hi, group & there))
+        there = {b for b in group if holds(b, mid)}
+        stack.append((mid, hi, there))
         stack.append((lo, mid - 1, group - there))
     return out

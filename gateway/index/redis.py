@@ -1,21 +1,22 @@
 """The shared index in Redis: every gateway replica routes with the same handles.
 
-Keys (all start with ``redis.key_prefix``; ``{model}`` is a Redis Cluster hash tag, so
-every key one script touches lives in the model's slot):
+Keys (all start with ``redis.key_prefix``; ``{M}``, the model name, is a Redis Cluster
+hash tag, so every key one script touches lives in the model's slot):
 
-- ``px:{M}:h:<hash>``: a hash, backend -> last use (µs, Redis server clock); the key
-  expires ``handle_ttl`` after its last renewal.
-- ``px:{M}:lru:<backend>``: a sorted set of the backend's block hashes by last use; it
-  finds expired handles and, with a known capacity, the least recently used to evict.
-- ``px:{M}:backends``: the backends with handles, for ``size()``.
+- ``px:{M}:held:<backend>``: a sorted set, one member per block hash the backend holds,
+  scored by its last use (µs, Redis server clock). It answers "does b hold h, and since
+  when" (ZSCORE) and, in score order, which handles expired and which a backend of known
+  capacity has evicted. About 110 bytes a handle; the key expires ``handle_ttl`` after
+  its last update.
+- ``px:{M}:backends``: the model's backends with handles.
 - ``px:models``: the models with handles, for ``size()``.
 
-A lookup is one EVALSHA: the script runs the multi-backend binary search of
-``memory.deepest`` over the prompt's block hashes and answers [backend, blocks, ...].
-The scripts build handle keys from the model's key base rather than receiving each in
-KEYS (a 2,048-block prompt would send 2,048 key names); the hash tag keeps them in the
-slot of KEYS[1], as Redis Cluster requires. Updates are queued and sent by one flusher
-task, many to a pipeline, off the request path.
+A lookup is one EVALSHA: the script runs ``memory.deepest``, the multi-backend binary
+search, over the prompt's block hashes (sent as ARGV) and answers [backend, blocks, ...].
+The scripts build the per-backend key names from the model's key base rather than
+receiving each in KEYS; the hash tag keeps them in the slot of KEYS[1], as Redis Cluster
+requires. Updates are queued and sent by one flusher task, many to a pipeline, off the
+request path.
 """
 
 from __future__ import annotations
@@ -27,8 +28,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from redis.asyncio import Redis, RedisCluster
-from redis.exceptions import NoScriptError, RedisError
+from redis.exceptions import RedisError
 
+from gateway.index.base import capacity_blocks
 from gateway.settings import PrefixSettings, RedisSettings, RoutingSettings
 
 log = logging.getLogger(__name__)
@@ -37,11 +39,15 @@ REDIS_ERRORS = (RedisError, OSError, TimeoutError)
 BATCH = 256
 """Queued updates sent in one pipeline."""
 
+Update = tuple[str, str, str, list[str]]
+"""("record" | "forget", model, backend, hex block hashes)."""
+
 NOW = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 """
 
+# KEYS: backends. ARGV: base, ttl µs, hashes...
 LOOKUP = (
     NOW
     + """
@@ -49,15 +55,17 @@ local base, oldest = ARGV[1], now - tonumber(ARGV[2])
 local n = #ARGV - 2
 local out = {}
 if n == 0 then return out end
-local function holders(i)
-  local flat = redis.call('HGETALL', base .. 'h:' .. ARGV[2 + i])
-  local set = {}
-  for j = 1, #flat, 2 do
-    if tonumber(flat[j + 1]) >= oldest then set[flat[j]] = true end
+local function holding(group, i)
+  local yes, no = {}, {}
+  for b in pairs(group) do
+    local score = redis.call('ZSCORE', base .. 'held:' .. b, ARGV[2 + i])
+    if score and tonumber(score) >= oldest then yes[b] = true else no[b] = true end
   end
-  return set
+  return yes, no
 end
-local stack = {{1, n, holders(1)}}
+local all = {}
+for _, b in ipairs(redis.call('SMEMBERS', KEYS[1])) do all[b] = true end
+local stack = {{1, n, (holding(all, 1))}}
 while #stack > 0 do
   local top = table.remove(stack)
   local lo, hi, group = top[1], top[2], top[3]
@@ -66,11 +74,7 @@ while #stack > 0 do
       for b in pairs(group) do out[#out + 1] = b; out[#out + 1] = lo end
     else
       local mid = math.floor((lo + hi + 1) / 2)
-      local there = holders(mid)
-      local yes, no = {}, {}
-      for b in pairs(group) do
-        if there[b] then yes[b] = true else no[b] = true end
-      end
+      local yes, no = holding(group, mid)
       stack[#stack + 1] = {mid, hi, yes}
       stack[#stack + 1] = {lo, mid - 1, no}
     end
@@ -80,51 +84,24 @@ return out
 """
 )
 
-DROP = """
-local function drop(base, lru, backend, hashes)
-  for _, h in ipairs(hashes) do
-    redis.call('HDEL', base .. 'h:' .. h, backend)
-    redis.call('ZREM', lru, h)
-  end
-end
-"""
-
-# KEYS: lru, backends. ARGV: base, backend, ttl µs, capacity blocks, hashes...
-# Deeper blocks get a score 1 µs older per block, so a parent always outranks its
-# children and trimming keeps every backend's holdings a prefix.
+# KEYS: held, backends. ARGV: backend, ttl µs, capacity blocks, hashes...
+# Deeper blocks score 1 µs older per block, so a parent always outranks its children and
+# trimming keeps every backend's holdings a prefix.
 RECORD = (
     NOW
-    + DROP
     + """
-local lru, base, backend = KEYS[1], ARGV[1], ARGV[2]
-local ttl, cap = tonumber(ARGV[3]), tonumber(ARGV[4])
+local held, backend = KEYS[1], ARGV[1]
+local ttl, cap = tonumber(ARGV[2]), tonumber(ARGV[3])
 local ttl_ms = math.ceil(ttl / 1000)
-for i = 5, #ARGV do
-  local score = string.format('%.0f', now - (i - 5))
-  local key = base .. 'h:' .. ARGV[i]
-  redis.call('HSET', key, backend, score)
-  redis.call('PEXPIRE', key, ttl_ms)
-  redis.call('ZADD', lru, score, ARGV[i])
+for i = 4, #ARGV do
+  redis.call('ZADD', held, string.format('%.0f', now - (i - 4)), ARGV[i])
 end
-drop(base, lru, backend,
-     redis.call('ZRANGEBYSCORE', lru, '-inf', string.format('(%.0f', now - ttl), 'LIMIT', 0, 1024))
-if cap > 0 then
-  local excess = redis.call('ZCARD', lru) - cap
-  if excess > 0 then drop(base, lru, backend, redis.call('ZRANGE', lru, 0, excess - 1)) end
-end
-redis.call('PEXPIRE', lru, ttl_ms)
+redis.call('ZREMRANGEBYSCORE', held, '-inf', string.format('(%.0f', now - ttl))
+local excess = redis.call('ZCARD', held) - cap
+if excess > 0 then redis.call('ZREMRANGEBYRANK', held, 0, excess - 1) end
+redis.call('PEXPIRE', held, ttl_ms)
 redis.call('SADD', KEYS[2], backend)
 redis.call('PEXPIRE', KEYS[2], ttl_ms)
-"""
-)
-
-# KEYS: lru. ARGV: base, backend, hashes...
-FORGET = (
-    DROP
-    + """
-local hashes = {}
-for i = 3, #ARGV do hashes[#hashes + 1] = ARGV[i] end
-drop(ARGV[1], KEYS[1], ARGV[2], hashes)
 """
 )
 
@@ -134,7 +111,8 @@ SIZE = (
     + """
 local total = 0
 for _, b in ipairs(redis.call('SMEMBERS', KEYS[1])) do
-  total = total + redis.call('ZCOUNT', ARGV[1] .. 'lru:' .. b, now - tonumber(ARGV[2]), '+inf')
+  total = total + redis.call('ZCOUNT', ARGV[1] .. 'held:' .. b,
+                             string.format('%.0f', now - tonumber(ARGV[2])), '+inf')
 end
 return total
 """
@@ -154,13 +132,10 @@ class RedisIndex:
         self._client = client
         self._root = f"{redis.key_prefix}px:"
         self._ttl = int(routing.handle_ttl * 1_000_000)
-        self._capacity = routing.backend_cache_tokens // prefix.block_size
-        self._queue: asyncio.Queue[tuple[str, str, str, list[str]]] = asyncio.Queue(
-            redis.queue_size
-        )
+        self._capacity = capacity_blocks(routing, prefix)
+        self._queue: asyncio.Queue[Update] = asyncio.Queue(redis.queue_size)
         self._lookup = client.register_script(LOOKUP)
         self._record = client.register_script(RECORD)
-        self._forget = client.register_script(FORGET)
         self._size = client.register_script(SIZE)
         self._flusher: asyncio.Task[None] | None = None
         self.healthy = True
@@ -223,7 +198,7 @@ class RedisIndex:
     def _base(self, model: str) -> str:
         return f"{self._root}{{{model}}}:"
 
-    def _put(self, op: tuple[str, str, str, list[str]]) -> None:
+    def _put(self, op: Update) -> None:
         """Queue an update; a full queue sheds its oldest update rather than block a call."""
         if self._queue.full():
             self._queue.get_nowait()
@@ -237,42 +212,45 @@ class RedisIndex:
             while len(ops) < BATCH and not self._queue.empty():
                 ops.append(self._queue.get_nowait())
             try:
-                await self._send_loaded(ops)
+                await self._send(ops)
                 self.healthy = True
-            except REDIS_ERRORS as exc:
+            # Whatever goes wrong, the flusher lives on: a dead flusher would silently
+            # stop every later update.
+            except Exception as exc:  # noqa: BLE001
                 self.healthy = False
                 self.dropped += len(ops)
-                log.warning("prefix index: %d updates lost: %s", len(ops), exc)
+                log.warning("prefix index: %d updates lost: %r", len(ops), exc)
             finally:
                 for _ in ops:
                     self._queue.task_done()
 
-    async def _send_loaded(self, ops: list[tuple[str, str, str, list[str]]]) -> None:
-        """Send, loading the scripts first if the server lost them (a restart, a new
-        cluster node); the plain client's pipeline does this itself, the cluster's not."""
-        try:
-            await self._send(ops)
-        except NoScriptError:
-            for script in (self._record, self._forget):
-                await self._client.script_load(script.script)
-            await self._send(ops)
-
-    async def _send(self, ops: list[tuple[str, str, str, list[str]]]) -> None:
+    async def _send(self, ops: list[Update]) -> None:
+        """One pipeline to a single server. A cluster client cannot pipeline scripts, so
+        there each update is a call of its own."""
+        models = sorted({op[1] for op in ops if op[0] == "record"})
+        if isinstance(self._client, RedisCluster):
+            for op in ops:
+                await self._apply(op, self._client)
+            if models:
+                await self._client.sadd(self._root + "models", *models)
+            return
         async with self._client.pipeline(transaction=False) as pipe:
-            models = set()
-            for kind, model, backend, hashes in ops:
-                base = self._base(model)
-                lru = f"{base}lru:{backend}"
-                args: list[Any]
-                if kind == "record":
-                    models.add(model)
-                    args = [base, backend, self._ttl, self._capacity, *hashes]
-                    await self._record(keys=[lru, base + "backends"], args=args, client=pipe)
-                else:
-                    await self._forget(keys=[lru], args=[base, backend, *hashes], client=pipe)
+            for op in ops:
+                await self._apply(op, pipe)
             if models:
                 pipe.sadd(self._root + "models", *models)
             await pipe.execute()
+
+    async def _apply(self, op: Update, client: Any) -> None:
+        """Run (or, on a pipeline, queue) one update; a lost script is reloaded."""
+        kind, model, backend, hashes = op
+        base = self._base(model)
+        held = f"{base}held:{backend}"
+        if kind == "record":
+            args = [backend, self._ttl, self._capacity, *hashes]
+            await self._record(keys=[held, base + "backends"], args=args, client=client)
+        else:
+            await client.zrem(held, *hashes)
 
 
 def hexa(h: int) -> str:

@@ -56,7 +56,8 @@ class ResilientIndex:
     async def lookup(self, model: str, hashes: Sequence[int]) -> dict[str, int]:
         if self.healthy:
             try:
-                found = await asyncio.wait_for(self._shared.lookup(model, hashes), self._timeout)
+                async with asyncio.timeout(self._timeout):  # no extra task, unlike wait_for
+                    found = await self._shared.lookup(model, hashes)
             except TimeoutError as exc:
                 self._timeouts += 1
                 if self._timeouts >= TIMEOUTS_TO_OPEN:

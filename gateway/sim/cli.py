@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import signal
 from collections.abc import Callable
 
@@ -19,54 +18,42 @@ from gateway.sim.server import RunningSimulator, start_simulator
 _DEFAULTS = SimConfig()
 
 
+# SimConfig fields offered as --field-name options, with their type and help text; the
+# defaults are SimConfig's own.
+_TUNABLES: tuple[tuple[str, type, str], ...] = (
+    ("model", str, "served model name"),
+    ("block_size", int, "tokens per KV block"),
+    ("max_num_seqs", int, "most sequences running at once"),
+    ("max_num_batched_tokens", int, "token budget of one step (chunked prefill)"),
+    ("step_ms", float, "fixed cost of one scheduler step"),
+    ("prefill_token_ms", float, "cost per uncached prompt token prefilled"),
+    ("decode_seq_ms", float, "cost per decoding sequence per step"),
+    ("max_model_len", int, "longest prompt plus output accepted"),
+    ("default_max_tokens", int, "output length when a request sets no max_tokens"),
+    ("embedding_dim", int, "embedding vector size"),
+)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    d = _DEFAULTS
     a = parser.add_argument
     a("--host", default="127.0.0.1")
     a("--port", type=int, default=8000, help="port of the first instance (default 8000)")
     a("--instances", type=int, default=1, help="instances on consecutive ports (default 1)")
-    a("--model", default=d.model, help=f"served model name (default {d.model})")
-    a("--name", default=None, help="instance name for x-backend-instance (default sim-<port>)")
+    a("--name", help="instance name for x-backend-instance (default sim-<port>)")
     a(
         "--cache-blocks",
-        default=str(d.cache_blocks),
-        help=f"KV blocks: one value, or a comma list per instance (default {d.cache_blocks})",
+        default=str(_DEFAULTS.cache_blocks),
+        help=f"KV blocks, one value or a list per instance (default {_DEFAULTS.cache_blocks})",
     )
-    a(
-        "--block-size",
-        type=int,
-        default=d.block_size,
-        help=f"tokens per block (default {d.block_size})",
-    )
-    a("--max-num-seqs", type=int, default=d.max_num_seqs, help=f"(default {d.max_num_seqs})")
-    a(
-        "--max-num-batched-tokens",
-        type=int,
-        default=d.max_num_batched_tokens,
-        help=f"token budget per step, chunked prefill (default {d.max_num_batched_tokens})",
-    )
-    a("--step-ms", type=float, default=d.step_ms, help=f"fixed cost per step (default {d.step_ms})")
-    a(
-        "--prefill-token-ms",
-        type=float,
-        default=d.prefill_token_ms,
-        help=f"cost per uncached prompt token (default {d.prefill_token_ms})",
-    )
-    a(
-        "--decode-seq-ms",
-        type=float,
-        default=d.decode_seq_ms,
-        help=f"cost per decoding sequence per step (default {d.decode_seq_ms})",
-    )
-    a("--max-model-len", type=int, default=d.max_model_len, help=f"(default {d.max_model_len})")
-    a(
-        "--default-max-tokens",
-        type=int,
-        default=d.default_max_tokens,
-        help=f"output length when max_tokens is absent (default {d.default_max_tokens})",
-    )
-    a("--embedding-dim", type=int, default=d.embedding_dim, help=f"(default {d.embedding_dim})")
     a("--instant", action="store_true", help="answer at once, no scheduler delay")
+    for field, kind, text in _TUNABLES:
+        default = getattr(_DEFAULTS, field)
+        a(
+            f"--{field.replace('_', '-')}",
+            type=kind,
+            default=default,
+            help=f"{text} (default {default})",
+        )
 
 
 def configs(args: argparse.Namespace) -> list[SimConfig]:
@@ -81,21 +68,14 @@ def configs(args: argparse.Namespace) -> list[SimConfig]:
         raise SystemExit(f"--cache-blocks lists {len(blocks)} values for {n} instances")
     if args.name and n > 1:
         raise SystemExit("--name names a single instance; several get sim-<port>")
-    base = SimConfig(
-        model=args.model,
-        name=args.name,
-        block_size=args.block_size,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        step_ms=args.step_ms,
-        prefill_token_ms=args.prefill_token_ms,
-        decode_seq_ms=args.decode_seq_ms,
-        max_model_len=args.max_model_len,
-        default_max_tokens=args.default_max_tokens,
-        embedding_dim=args.embedding_dim,
-        instant=args.instant,
-    )
-    return [dataclasses.replace(base, cache_blocks=b) for b in blocks]
+    tunables = {field: getattr(args, field) for field, _, _ in _TUNABLES}
+    try:
+        return [
+            SimConfig(name=args.name, instant=args.instant, cache_blocks=b, **tunables)
+            for b in blocks
+        ]
+    except ValueError as exc:
+        raise SystemExit(f"gateway sim: {exc}") from exc
 
 
 async def _serve(args: argparse.Namespace, cfgs: list[SimConfig]) -> None:
@@ -106,7 +86,13 @@ async def _serve(args: argparse.Namespace, cfgs: list[SimConfig]) -> None:
     sims: list[RunningSimulator] = []
     try:
         for i, cfg in enumerate(cfgs):
-            sim = await start_simulator(cfg, args.host, args.port + i)
+            port = args.port + i
+            try:
+                sim = await start_simulator(cfg, args.host, port)
+            except OSError as exc:
+                raise SystemExit(
+                    f"gateway sim: cannot listen on {args.host}:{port}: {exc}"
+                ) from exc
             sims.append(sim)
             print(
                 f"{sim.name} serving {cfg.model} on {sim.url} (cache {cfg.cache_blocks} blocks)",

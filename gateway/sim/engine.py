@@ -70,6 +70,7 @@ class Sequence:
     """Generated tokens, as indexes into tokenizer.GENERATED_TOKENS."""
     cached_tokens: int = 0
     created_cache_tokens: int = 0
+    """Prompt tokens this request added to the cache, in new whole blocks."""
     computed: int = 0
     """Prompt tokens whose KV exists (cached or prefilled)."""
     held: list[int] = field(default_factory=list)
@@ -174,22 +175,25 @@ class Engine:
                 self.cache.release(seq.hashes[:hits], 0)
                 return
             self.waiting.popleft()
-            seq.held = seq.hashes[:hits]
+            self._start(seq, hits)
             seq.private = need
-            seq.cached_tokens = seq.computed = hits * bs
             self.running.append(seq)
 
     def _hit_blocks(self, seq: Sequence) -> int:
-        """Cached leading blocks, counted in the prefix-cache metrics.
+        """How many leading blocks of the prompt are cached.
 
         As in vLLM, the last prompt token is always computed, so a fully cached prompt
         that ends on a block boundary still recomputes its last block.
         """
         usable = (len(seq.prompt) - 1) // self.config.block_size
-        hits = self.cache.match(seq.hashes[:usable])
+        return self.cache.match(seq.hashes[:usable])
+
+    def _start(self, seq: Sequence, hits: int) -> None:
+        """The sequence holds its (already acquired) cached blocks; count the lookup."""
+        seq.held = seq.hashes[:hits]
+        seq.cached_tokens = seq.computed = hits * self.config.block_size
         self.stats.prefix_queries += len(seq.prompt)
-        self.stats.prefix_hits += hits * self.config.block_size
-        return hits
+        self.stats.prefix_hits += seq.cached_tokens
 
     def _plan(self) -> tuple[list[Sequence], list[tuple[Sequence, int]]]:
         budget = self.config.max_num_batched_tokens
@@ -223,9 +227,11 @@ class Engine:
             self._commit(seq, seq.hashes[len(seq.held)])
 
     def _commit(self, seq: Sequence, h: int) -> None:
+        """Cache a block this sequence filled; a new prompt block counts as created."""
         from_private = seq.private > 0
         seq.private -= from_private
-        if self.cache.commit(h, from_private):
+        new = self.cache.commit(h, from_private)
+        if new and len(seq.held) < len(seq.hashes):
             seq.created_cache_tokens += self.config.block_size
         seq.held.append(h)
 
@@ -258,8 +264,7 @@ class Engine:
         """Instant mode: the whole request in one go, with the same cache bookkeeping."""
         hits = self._hit_blocks(seq)
         self.cache.acquire(seq.hashes[:hits])
-        seq.held = seq.hashes[:hits]
-        seq.cached_tokens = hits * self.config.block_size
+        self._start(seq, hits)
         for h in seq.hashes[hits:]:
             self._commit(seq, h)
         seq.computed = len(seq.prompt)

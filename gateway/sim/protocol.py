@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.sim import tokenizer
@@ -54,6 +54,10 @@ class GenerateRequest:
 
 def random_id() -> str:
     return os.urandom(16).hex()
+
+
+def now() -> int:
+    return int(time.time())
 
 
 def require_object(body: Any) -> dict[str, Any]:
@@ -106,19 +110,21 @@ def _generate_request(
 ) -> GenerateRequest:
     if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
         raise SimError(f"{param} must be at least 1, got {limit}.", param=param)
-    if body.get("n", 1) != 1:
+    if (body.get("n") or 1) != 1:
         raise SimError("the simulator only supports n=1", param="n")
+    if not prompt:
+        raise SimError("The decoder prompt cannot be empty", param="prompt")
     n, cap = len(prompt), config.max_model_len
-    if n > cap or (limit is not None and n + limit > cap):
+    # At least one token must fit after the prompt.
+    if n >= cap or (limit is not None and n + limit > cap):
         raise SimError(
             f"This model's maximum context length is {cap} tokens. However, you requested "
             f"{n + (limit or 0)} tokens ({n} in the messages, {limit or 0} in the completion). "
             "Please reduce the length of the messages or completion.",
             param="input_tokens",
         )
-    if limit is None:
-        limit_left = cap - n
-        limit = None if config.default_max_tokens <= limit_left else limit_left
+    if limit is None and config.default_max_tokens > cap - n:
+        limit = cap - n  # the default answer would not fit: it stops at the context end
     options = body.get("stream_options")
     include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
     return GenerateRequest(prompt, limit, bool(body.get("stream")), include_usage)
@@ -138,10 +144,10 @@ def usage(seq: Sequence) -> dict[str, Any]:
     }
 
 
-def chat_response(rid: str, created: int, model: str, seq: Sequence) -> dict[str, Any]:
-    message = {
+def _message(text: str) -> dict[str, Any]:
+    return {
         "role": "assistant",
-        "content": tokenizer.detokenize(seq.output),
+        "content": text,
         "refusal": None,
         "annotations": None,
         "audio": None,
@@ -149,96 +155,66 @@ def chat_response(rid: str, created: int, model: str, seq: Sequence) -> dict[str
         "tool_calls": [],
         "reasoning": None,
     }
-    choice = {
-        "index": 0,
-        "message": message,
-        "logprobs": None,
-        "finish_reason": seq.finish_reason,
-        "stop_reason": None,
-        "token_ids": None,
-    }
-    return {
-        "id": f"chatcmpl-{rid}",
-        "object": "chat.completion",
-        "created": created,
-        "model": model,
-        "choices": [choice],
-        "service_tier": None,
-        "system_fingerprint": None,
-        "usage": usage(seq),
-        "prompt_logprobs": None,
-        "prompt_token_ids": None,
-        "kv_transfer_params": None,
-    }
 
 
-def completion_response(rid: str, created: int, model: str, seq: Sequence) -> dict[str, Any]:
-    choice = {
-        "index": 0,
-        "text": tokenizer.detokenize(seq.output),
-        "logprobs": None,
-        "finish_reason": seq.finish_reason,
-        "stop_reason": None,
-        "token_ids": None,
-        "prompt_logprobs": None,
-        "prompt_token_ids": None,
-    }
-    return {
-        "id": f"cmpl-{rid}",
-        "object": "text_completion",
-        "created": created,
-        "model": model,
-        "choices": [choice],
-        "service_tier": None,
-        "system_fingerprint": None,
-        "usage": usage(seq),
-        "kv_transfer_params": None,
-    }
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """What every body of one answer shares: its id, creation time, model and kind."""
 
+    chat: bool
+    model: str
+    rid: str = field(default_factory=random_id)
+    created: int = field(default_factory=now)
 
-def chat_chunk(
-    rid: str, created: int, model: str, delta: dict[str, Any], finish: str | None
-) -> dict[str, Any]:
-    choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-    if finish is not None:
-        choice["stop_reason"] = None
-    return {
-        "id": f"chatcmpl-{rid}",
-        "object": "chat.completion.chunk",
-        "created": created,
-        "model": model,
-        "choices": [choice],
-    }
+    def _body(self, obj: str, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+        prefix = "chatcmpl-" if self.chat else "cmpl-"
+        head = {
+            "id": prefix + self.rid,
+            "object": obj,
+            "created": self.created,
+            "model": self.model,
+        }
+        return {**head, "choices": choices, **extra}
 
+    def whole(self, seq: Sequence) -> dict[str, Any]:
+        """The non-streamed answer."""
+        text = tokenizer.detokenize(seq.output)
+        choice: dict[str, Any] = {"index": 0}
+        choice |= {"message": _message(text)} if self.chat else {"text": text}
+        choice |= {"logprobs": None, "finish_reason": seq.finish_reason, "stop_reason": None}
+        choice["token_ids"] = None
+        extra: dict[str, Any] = {
+            "service_tier": None,
+            "system_fingerprint": None,
+            "usage": usage(seq),
+        }
+        if self.chat:
+            extra |= {"prompt_logprobs": None, "prompt_token_ids": None}
+        else:
+            choice |= {"prompt_logprobs": None, "prompt_token_ids": None}
+        extra["kv_transfer_params"] = None
+        return self._body("chat.completion" if self.chat else "text_completion", [choice], **extra)
 
-def completion_chunk(
-    rid: str, created: int, model: str, text: str, finish: str | None
-) -> dict[str, Any]:
-    choice = {
-        "index": 0,
-        "text": text,
-        "logprobs": None,
-        "finish_reason": finish,
-        "stop_reason": None,
-    }
-    return {
-        "id": f"cmpl-{rid}",
-        "object": "text_completion",
-        "created": created,
-        "model": model,
-        "choices": [choice],
-    }
+    def chunk(self, text: str, finish: str | None, role: bool = False) -> dict[str, Any]:
+        """One streamed token (or, for chat, the opening role delta)."""
+        if not self.chat:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+            return self._body("text_completion", [{**choice, "stop_reason": None}])
+        delta = {"role": "assistant", "content": text} if role else {"content": text}
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        if finish is not None:
+            choice["stop_reason"] = None
+        return self._body("chat.completion.chunk", [choice])
 
+    def usage_chunk(self, seq: Sequence) -> dict[str, Any]:
+        """The last chunk of a stream that asked for usage: no choices, only usage.
 
-def usage_chunk(rid: str, obj: str, created: int, model: str, seq: Sequence) -> dict[str, Any]:
-    return {
-        "id": rid,
-        "object": obj,
-        "created": created,
-        "model": model,
-        "choices": [],
-        "usage": usage(seq),
-    }
+        vLLM serializes this chunk without its null fields.
+        """
+        u = usage(seq)
+        details = u["prompt_tokens_details"]
+        u["prompt_tokens_details"] = {k: v for k, v in details.items() if v is not None}
+        return self._body("chat.completion.chunk" if self.chat else "text_completion", [], usage=u)
 
 
 def models(config: SimConfig, created: int) -> dict[str, Any]:
@@ -267,7 +243,3 @@ def models(config: SimConfig, created: int) -> dict[str, Any]:
         "permission": [permission],
     }
     return {"object": "list", "data": [card]}
-
-
-def now() -> int:
-    return int(time.time())

@@ -1,31 +1,62 @@
-"""The simulator's HTTP side: aiohttp handlers over one Engine, and the in-process starter.
+"""The simulator's HTTP side: vLLM's routes over one Engine, and the in-process starter.
 
 Every response carries `x-backend-instance: <name>` so a test or a load generator can
-tell which instance answered. Handlers are cancelled when their client disconnects
-(aiohttp's handler_cancellation), and the cancellation aborts the sequence, unpinning
-its blocks, as vLLM does.
+tell which instance answered. A request the engine answers at once (``--instant``) is
+answered without creating a task; the others run as their connection's task, which is
+cancelled when the client disconnects, and the cancellation aborts the sequence and
+unpins its blocks, as vLLM does.
 """
 
 from __future__ import annotations
 
-import contextlib
+import asyncio
 import socket
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from aiohttp import web
 
 from gateway.sim import metrics, protocol, tokenizer
 from gateway.sim.config import SimConfig
 from gateway.sim.embeddings import embeddings_response
 from gateway.sim.engine import Engine, Sequence
-from gateway.sim.protocol import SimError
+from gateway.sim.http import Connection, Request, Response, Result, headers_block
+from gateway.sim.protocol import GenerateRequest, SimError
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 INSTANCE_HEADER = "x-backend-instance"
+VERSION = "0.32.0+sim"
+"""The vLLM version whose dialect the simulator speaks."""
 _DONE = b"data: [DONE]\n\n"
+_NOT_FOUND = Response(404, b'{"detail":"Not Found"}')
+_NOT_ALLOWED = Response(405, b'{"detail":"Method Not Allowed"}')
+
+
+def _json(body: Any, status: int = 200) -> Response:
+    return Response(status, orjson.dumps(body))
+
+
+def _event(chunk: dict[str, Any]) -> bytes:
+    return b"data: " + orjson.dumps(chunk) + b"\n\n"
+
+
+def _opening(reply: protocol.Reply) -> bytes:
+    """A chat stream opens with the assistant's role and empty content; completions don't."""
+    return _event(reply.chunk("", None, role=True)) if reply.chat else b""
+
+
+def _tokens(reply: protocol.Reply, seq: Sequence, tokens: list[int], sent: int) -> bytes:
+    """Events for tokens, which follow the sent first ones; the last carries finish_reason."""
+    out = bytearray()
+    for n, i in enumerate(tokens, sent + 1):
+        finish = seq.finish_reason if n == len(seq.output) else None
+        out += _event(reply.chunk(tokenizer.GENERATED_TOKENS[i], finish))
+    return bytes(out)
+
+
+def _closing(reply: protocol.Reply, seq: Sequence, req: GenerateRequest) -> bytes:
+    usage = _event(reply.usage_chunk(seq)) if req.include_usage else b""
+    return usage + _DONE
 
 
 class SimServer:
@@ -37,58 +68,40 @@ class SimServer:
         self.engine = engine
         self.registry = metrics.registry_for(engine)
         self.started = protocol.now()
-        self._json_headers = {INSTANCE_HEADER: name, "Content-Type": "application/json"}
-
-    def app(self) -> web.Application:
-        app = web.Application(middlewares=[self._errors], client_max_size=64 * 1024 * 1024)
-        app.on_response_prepare.append(self._tag)
-        post, get = self._post_routes(), self._get_routes()
-        app.add_routes(
-            [web.post(p, h) for p, h in post.items()] + [web.get(p, h) for p, h in get.items()]
-        )
-        return app
-
-    def _post_routes(self) -> dict[str, Handler]:
-        return {
-            "/v1/chat/completions": self.chat,
-            "/v1/completions": self.completions,
-            "/v1/embeddings": self.embeddings,
-            "/tokenize": self.tokenize,
-            "/v1/chat/completions/render": self.render_chat,
+        self.routes: dict[str, tuple[str, Callable[[Request], Result]]] = {
+            "/v1/chat/completions": ("POST", self.chat),
+            "/v1/completions": ("POST", self.completions),
+            "/v1/embeddings": ("POST", self.embeddings),
+            "/tokenize": ("POST", self.tokenize),
+            "/v1/chat/completions/render": ("POST", self.render_chat),
+            "/v1/models": ("GET", self.models),
+            "/health": ("GET", self.health),
+            "/health_generate": ("GET", self.health),
+            "/ping": ("GET", self.health),
+            "/version": ("GET", self.version),
+            "/metrics": ("GET", self.metrics),
+            "/server_info": ("GET", self.server_info),
+            "/get_server_info": ("GET", self.server_info),
+            "/model_info": ("GET", self.model_info),
+            "/get_model_info": ("GET", self.model_info),
         }
 
-    def _get_routes(self) -> dict[str, Handler]:
-        return {
-            "/v1/models": self.models,
-            "/health": self.health,
-            "/health_generate": self.health,
-            "/metrics": self.metrics,
-            "/server_info": self.server_info,
-            "/get_server_info": self.server_info,
-            "/model_info": self.model_info,
-            "/get_model_info": self.model_info,
-        }
-
-    # -- plumbing ---------------------------------------------------------------------
-
-    async def _tag(self, request: web.Request, response: web.StreamResponse) -> None:
-        response.headers[INSTANCE_HEADER] = self.name
-
-    @web.middleware
-    async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+    def dispatch(self, request: Request) -> Result:
+        """Route a request; a refused request gets vLLM's error body and status."""
+        route = self.routes.get(request.path)
+        if route is None:
+            return _NOT_FOUND
+        method, handler = route
+        if request.method != method:
+            return _NOT_ALLOWED
         try:
-            return await handler(request)
+            return handler(request)
         except SimError as exc:
-            return self._json(exc.body(), exc.status)
-        except web.HTTPException as exc:
-            return self._json(SimError(exc.reason, exc.status).body(), exc.status)
+            return _json(exc.body(), exc.status)
 
-    def _json(self, body: Any, status: int = 200) -> web.Response:
-        return web.Response(body=orjson.dumps(body), status=status, headers=self._json_headers)
-
-    async def _body(self, request: web.Request) -> dict[str, Any]:
+    def _body(self, request: Request) -> dict[str, Any]:
         try:
-            body = orjson.loads(await request.read())
+            body = orjson.loads(request.body)
         except orjson.JSONDecodeError as exc:
             raise SimError(f"Invalid JSON body: {exc}") from exc
         body = protocol.require_object(body)
@@ -97,101 +110,72 @@ class SimServer:
 
     # -- generation -------------------------------------------------------------------
 
-    async def chat(self, request: web.Request) -> web.StreamResponse:
-        body = await self._body(request)
-        return await self._generate(request, protocol.parse_chat(body, self.config), chat=True)
+    def chat(self, request: Request) -> Result:
+        req = protocol.parse_chat(self._body(request), self.config)
+        return self._generate(request, req, chat=True)
 
-    async def completions(self, request: web.Request) -> web.StreamResponse:
-        body = await self._body(request)
-        return await self._generate(
-            request, protocol.parse_completion(body, self.config), chat=False
-        )
+    def completions(self, request: Request) -> Result:
+        req = protocol.parse_completion(self._body(request), self.config)
+        return self._generate(request, req, chat=False)
 
-    async def _generate(
-        self, request: web.Request, req: protocol.GenerateRequest, chat: bool
-    ) -> web.StreamResponse:
+    def _generate(self, request: Request, req: GenerateRequest, chat: bool) -> Result:
         seq = self.engine.submit(req.prompt, req.max_tokens)
-        try:
+        reply = protocol.Reply(chat, self.config.model)
+        if seq.finish_reason is None:
             if req.stream:
-                return await self._stream(request, seq, req.include_usage, chat)
+                return self._stream(request, reply, seq, req)
+            return self._wait(reply, seq)
+        # Instant mode: the answer is complete, so it goes out in one write, no task.
+        if not req.stream:
+            return _json(reply.whole(seq))
+        sse = _opening(reply) + _tokens(reply, seq, seq.output, 0) + _closing(reply, seq, req)
+        return Response(200, sse, b"text/event-stream")
+
+    async def _wait(self, reply: protocol.Reply, seq: Sequence) -> Response:
+        try:
             while seq.finish_reason is None:
                 await seq.tokens()
-            build = protocol.chat_response if chat else protocol.completion_response
-            return self._json(build(protocol.random_id(), protocol.now(), self.config.model, seq))
         finally:
-            # Cancelled by a disconnect, or failed to write: vLLM aborts the request.
-            self.engine.abort(seq)
+            self.engine.abort(seq)  # a no-op unless the client left before the end
+        return _json(reply.whole(seq))
 
     async def _stream(
-        self, request: web.Request, seq: Sequence, include_usage: bool, chat: bool
-    ) -> web.StreamResponse:
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        rid, created, model = protocol.random_id(), protocol.now(), self.config.model
-        if chat:
-            first = protocol.chat_chunk(
-                rid, created, model, {"role": "assistant", "content": ""}, None
-            )
-            await response.write(_event(first))
-        sent = 0
-        while True:
-            new = await seq.tokens()
-            if not new:
-                break
-            out = bytearray()
-            for i in new:
-                sent += 1
-                text = tokenizer.GENERATED_TOKENS[i]
-                finish = (
-                    seq.finish_reason if sent == len(seq.output) and seq.finish_reason else None
-                )
-                if chat:
-                    out += _event(
-                        protocol.chat_chunk(rid, created, model, {"content": text}, finish)
-                    )
-                else:
-                    out += _event(protocol.completion_chunk(rid, created, model, text, finish))
-            await response.write(bytes(out))
-        if include_usage:
-            obj, prefix = (
-                ("chat.completion.chunk", "chatcmpl-") if chat else ("text_completion", "cmpl-")
-            )
-            await response.write(
-                _event(protocol.usage_chunk(prefix + rid, obj, created, model, seq))
-            )
-        await response.write(_DONE)
-        await response.write_eof()
-        return response
+        self, request: Request, reply: protocol.Reply, seq: Sequence, req: GenerateRequest
+    ) -> None:
+        try:
+            stream = request.stream()
+            if opening := _opening(reply):
+                await stream.write(opening)
+            sent = 0
+            while new := await seq.tokens():
+                await stream.write(_tokens(reply, seq, new, sent))
+                sent += len(new)
+            await stream.write(_closing(reply, seq, req))
+            stream.end()
+        finally:
+            self.engine.abort(seq)  # a no-op unless the client left before the end
 
     # -- the rest of the surface ----------------------------------------------------------
 
-    async def embeddings(self, request: web.Request) -> web.StreamResponse:
-        body = await self._body(request)
-        result = embeddings_response(body, self.config, protocol.now())
+    def embeddings(self, request: Request) -> Result:
+        result = embeddings_response(self._body(request), self.config, protocol.now())
         self.engine.stats.prompt_tokens += result["usage"]["prompt_tokens"]
-        return self._json(result)
+        return _json(result)
 
-    def _prompt_tokens(self, body: dict[str, Any]) -> list[int]:
-        if "messages" in body:
-            return protocol.parse_chat(body, self.config).prompt
-        return protocol.parse_completion(body, self.config).prompt
-
-    async def tokenize(self, request: web.Request) -> web.StreamResponse:
-        tokens = self._prompt_tokens(await self._body(request))
-        return self._json(
-            {
-                "count": len(tokens),
-                "max_model_len": self.config.max_model_len,
-                "tokens": tokens,
-                "token_strs": None,
-            }
+    def tokenize(self, request: Request) -> Result:
+        body = self._body(request)
+        parse = protocol.parse_chat if "messages" in body else protocol.parse_completion
+        tokens = parse(body, self.config).prompt
+        max_len = self.config.max_model_len
+        return _json(
+            {"count": len(tokens), "max_model_len": max_len, "tokens": tokens, "token_strs": None}
         )
 
-    async def render_chat(self, request: web.Request) -> web.StreamResponse:
+    def render_chat(self, request: Request) -> Result:
         """vLLM's render endpoint: the prompt's token ids, as a GenerateRequest body."""
-        body = await self._body(request)
+        body = self._body(request)
         req = protocol.parse_chat(body, self.config)
-        return self._json(
+        return _json(
             {
                 "request_id": protocol.random_id(),
                 "token_ids": req.prompt,
@@ -206,22 +190,24 @@ class SimServer:
             }
         )
 
-    async def models(self, request: web.Request) -> web.StreamResponse:
-        return self._json(protocol.models(self.config, self.started))
+    def models(self, request: Request) -> Result:
+        return _json(protocol.models(self.config, self.started))
 
-    async def health(self, request: web.Request) -> web.StreamResponse:
-        return web.Response(status=200)
+    def health(self, request: Request) -> Result:
+        return Response(200, b"")
 
-    async def metrics(self, request: web.Request) -> web.StreamResponse:
-        return web.Response(
-            body=metrics.render(self.registry),
-            headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"},
+    def version(self, request: Request) -> Result:
+        return _json({"version": VERSION})
+
+    def metrics(self, request: Request) -> Result:
+        return Response(
+            200, metrics.render(self.registry), b"text/plain; version=0.0.4; charset=utf-8"
         )
 
-    async def server_info(self, request: web.Request) -> web.StreamResponse:
+    def server_info(self, request: Request) -> Result:
         """What vLLM's /server_info and SGLang's /get_server_info report, merged."""
-        c = self.config
-        return self._json(
+        c, e = self.config, self.engine
+        return _json(
             {
                 "model_path": c.model,
                 "tokenizer_path": c.model,
@@ -240,20 +226,15 @@ class SimServer:
                 "disable_radix_cache": False,
                 "dp_size": 1,
                 "tp_size": 1,
-                "version": "0.32.0-sim",
+                "version": VERSION,
                 "instance": self.name,
-                "internal_states": [
-                    {
-                        "num_running": len(self.engine.running),
-                        "num_waiting": len(self.engine.waiting),
-                    }
-                ],
+                "internal_states": [{"num_running": len(e.running), "num_waiting": len(e.waiting)}],
             }
         )
 
-    async def model_info(self, request: web.Request) -> web.StreamResponse:
+    def model_info(self, request: Request) -> Result:
         """SGLang's /get_model_info shape."""
-        return self._json(
+        return _json(
             {
                 "model_path": self.config.model,
                 "tokenizer_path": self.config.model,
@@ -269,22 +250,24 @@ class SimServer:
         )
 
 
-def _event(chunk: dict[str, Any]) -> bytes:
-    return b"data: " + orjson.dumps(chunk) + b"\n\n"
-
-
 @dataclass(eq=False)
 class RunningSimulator:
-    """A simulator serving on loopback inside the caller's event loop."""
+    """A simulator serving inside the caller's event loop; aclose() stops it."""
 
     url: str
     port: int
     name: str
     server: SimServer
-    _runner: web.AppRunner
+    _listener: asyncio.Server
+    _connections: set[Connection]
 
     async def aclose(self) -> None:
-        await self._runner.cleanup()
+        self._listener.close()
+        tasks = [c.task for c in self._connections if c.task is not None]
+        for conn in list(self._connections):
+            conn.transport.close()  # connection_lost cancels its task
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self._listener.wait_closed()
         await self.server.engine.aclose()
 
 
@@ -292,9 +275,10 @@ async def start_simulator(
     config: SimConfig, host: str = "127.0.0.1", port: int = 0
 ) -> RunningSimulator:
     """Serve one instance on host:port (0: a free port) in the running loop."""
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
     try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
     except OSError:
         sock.close()
@@ -303,16 +287,12 @@ async def start_simulator(
     name = config.name or f"sim-{port}"
     engine = Engine(config)
     server = SimServer(config, name, engine)
-    runner = web.AppRunner(server.app(), handler_cancellation=True, access_log=None)
-    await runner.setup()
+    headers = headers_block([(INSTANCE_HEADER, name)])
+    connections: set[Connection] = set()
+    loop = asyncio.get_running_loop()
+    listener = await loop.create_server(
+        lambda: Connection(server.dispatch, headers, connections), sock=sock, backlog=1024
+    )
     engine.start()
-    try:
-        await web.SockSite(runner, sock, backlog=1024).start()
-    except BaseException:
-        with contextlib.suppress(Exception):
-            await runner.cleanup()
-        await engine.aclose()
-        sock.close()
-        raise
     display = f"[{host}]" if ":" in host else host
-    return RunningSimulator(f"http://{display}:{port}", port, name, server, runner)
+    return RunningSimulator(f"http://{display}:{port}", port, name, server, listener, connections)

@@ -1,7 +1,8 @@
 """A cheap, deterministic tokenizer and chat template.
 
-A token is a word with at most one leading space, a single punctuation character or a
-single whitespace character; its id is the CRC-32 of its text. The same text always gives
+Working on the UTF-8 bytes, a token is an ASCII word with at most one leading space, or
+any other single byte (punctuation, whitespace, each byte of a non-ASCII character); its
+id is the CRC-32 of its bytes. The same text always gives
 the same ids, in every process, and concatenating texts concatenates their tokens at the
 boundaries the chat template produces. That is what lets a conversation's next turn
 (history + the assistant's answer) begin with exactly the previous prompt's tokens
@@ -15,7 +16,7 @@ import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-_TOKEN = re.compile(r" ?\w+|[^\w\s]|\s")
+_TOKEN = re.compile(rb" ?\w+|[^\w\s]|\s")
 
 # Generated text is drawn from this list; each word is one token (" word").
 _WORDS = str.split(
@@ -29,13 +30,13 @@ GENERATED_TOKENS = tuple(f" {w}" for w in _WORDS)
 GENERATED_IDS = tuple(zlib.crc32(t.encode()) for t in GENERATED_TOKENS)
 
 
-def split(text: str) -> list[str]:
-    """The token strings of text; joined, they give the text back."""
-    return _TOKEN.findall(text)
+def split(text: str) -> list[bytes]:
+    """The tokens of text, as bytes; joined, they give the text's UTF-8 back."""
+    return _TOKEN.findall(text.encode())
 
 
 def encode(text: str) -> list[int]:
-    return [zlib.crc32(t.encode()) for t in _TOKEN.findall(text)]
+    return [zlib.crc32(t) for t in _TOKEN.findall(text.encode())]
 
 
 def generated_at(seed: int, position: int) -> int:

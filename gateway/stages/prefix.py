@@ -37,7 +37,7 @@ PIECE_CHARS = 2048
 
 
 class PrefixHasher:
-    """Turns requests into PrefixKeys; built once, holds the encodings and a message cache."""
+    """Turns requests into PrefixKeys; built once, holds the encodings and the token cache."""
 
     def __init__(self, settings: PrefixSettings) -> None:
         self._block = settings.block_size
@@ -75,17 +75,19 @@ class PrefixHasher:
             anchor=digest(memoryview(buf)[:opening]),
         )
 
-    def answered(self, request: Request, answer: str, encoding: str) -> list[int]:
-        """Block hashes of a chat prompt followed by its answer as the next turn resends it.
+    def reply_key(self, request: Request, encoding: str, reply: str) -> PrefixKey | None:
+        """The chat prompt followed by the assistant's reply: the next turn's prefix.
 
-        The backend caches the generated tokens too, so a conversation's next turn finds
-        the answer cached there as well; recording these blocks lets the index see that
-        (without them, turn two's match stops where turn one's prompt did).
+        The backend keeps the reply's KV blocks too, and a client's next turn resends the
+        reply as an assistant message; recording this key lets that turn match its whole
+        history rather than only the previous prompt, which long replies make a small
+        share of it. None for other endpoints or an empty reply.
         """
-        messages = [*(request.body.get("messages") or []), {"role": "assistant", "content": answer}]
-        texts = render_chat({**request.body, "messages": messages})
-        buf = b"".join(self._text_tokens(encoding, text) for text in texts)
-        return block_hashes(buf, self._block, self._max_blocks)
+        if request.endpoint != "chat" or not reply:
+            return None
+        messages = [*(request.body.get("messages") or []), {"role": "assistant", "content": reply}]
+        return self.key(Request(endpoint="chat", model=request.model,
+                                body={**request.body, "messages": messages}), encoding)  # fmt: skip
 
     def _prompt_tokens(self, prompt: Any, encoding: str) -> bytes:
         """A completion prompt's tokens; for a list of prompts, the first one's."""
@@ -143,7 +145,8 @@ def render_chat(body: dict[str, Any]) -> list[str]:
     for msg in body.get("messages") or []:
         if not isinstance(msg, dict):
             continue
-        extra = {k: v for k, v in msg.items() if k not in ("role", "content")}
+        # Empty fields (an SDK's "refusal": null, "tool_calls": []) change no prompt.
+        extra = {k: v for k, v in msg.items() if k not in ("role", "content") and v}
         header = f"<|{msg.get('role', '')}|>" + (canonical(extra) if extra else "")
         out.append(f"{header}\n{render_content(msg.get('content'))}\n")
     return out

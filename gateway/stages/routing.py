@@ -7,9 +7,11 @@ test away. The cache-aware rule, and why:
   system prompt all match whichever backend saw it first; treating such a weak match as a
   hit sends every conversation there (the collapse seen in naive longest-prefix routers).
   Below ``min_match_share`` a match counts as a miss.
-- A strong match keeps the call while the backend's load is within
-  ``load_slack * share`` requests of the least loaded backend: the guard is tight, and
-  tighter for weaker matches, because the tail latency is won or lost there.
+- A strong match is valued at its share minus its queue cost: each request of load above
+  the least loaded backend costs ``1 / load_slack`` of a prompt. The call goes to the
+  match of highest value, and to none whose value is negative, so a full match keeps
+  the call within ``load_slack`` requests of the least loaded and a weaker one within
+  fewer. The guard is tight because the tail latency is won or lost there.
 - Misses go to the least loaded backend, ties broken by a consistent (rendezvous) hash of
   the conversation's anchor, so new conversations spread and a conversation's turns meet
   again; never "backend 0 first".
@@ -99,15 +101,17 @@ class CacheAware:
             and (share := covered(key, matches[c.name]) / max(key.tokens, 1))
             >= self._s.min_match_share
         }
-        slack = self._s.load_slack
-        eligible = [
-            c for c in healthy if c.name in strong and c.load - least <= slack * strong[c.name]
-        ]
+        value = {
+            c.name: strong[c.name] - self._queue_cost(c.load - least)
+            for c in healthy
+            if c.name in strong
+        }
+        eligible = [c for c in healthy if value.get(c.name, -1.0) >= 0]
         if eligible:
-            best = max(matches[c.name] for c in eligible)
-            pick = least_loaded([c for c in eligible if matches[c.name] == best], key.anchor)
+            most = max(value[c.name] for c in eligible)
+            pick = rendezvous([c for c in eligible if value[c.name] == most], key.anchor)
             top = max(matches[name] for name in strong)
-            return route(key, matches, pick, "hit" if best == top else "overflow")
+            return route(key, matches, pick, "hit" if matches[pick.name] == top else "overflow")
         if strong:
             return route(key, matches, least_loaded(healthy, key.anchor), "overflow")
         if session is not None and self._s.session_affinity:
@@ -115,6 +119,13 @@ class CacheAware:
         if not index_ok:
             return self._pinned(key, matches, healthy, least, key.anchor, "fallback")
         return route(key, matches, least_loaded(healthy, key.anchor), "miss")
+
+    def _queue_cost(self, extra_load: float) -> float:
+        """Requests queued beyond the least loaded backend, in shares of a prompt: a whole
+        prompt served from cache is worth ``load_slack`` of them."""
+        if self._s.load_slack > 0:
+            return extra_load / self._s.load_slack
+        return 0.0 if extra_load <= 0 else math.inf
 
     def _pinned(
         self,

@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 import pytest
 
-from tests.servers import ROOT, gateway_process
+from tests.servers import ROOT, consecutive_free_ports, gateway_process
 
 # Small prompts and answers keep each run to about a second on the default sim timings.
 SMALL = ["--prefix-words", "300", "--max-tokens", "8", "--message-words", "16"]
@@ -25,7 +25,7 @@ SMALL = ["--prefix-words", "300", "--max-tokens", "8", "--message-words", "16"]
 @contextlib.contextmanager
 def two_instances() -> Iterator[list[str]]:
     """Two identical, independent simulated instances (own caches) in one process."""
-    with gateway_process("sim", "--instances", "2") as base:
+    with gateway_process("sim", "--instances", "2", port=consecutive_free_ports(2)) as base:
         port = int(base.rsplit(":", 1)[1])
         yield [f"{base}/v1", f"http://127.0.0.1:{port + 1}/v1"]
 

@@ -88,5 +88,5 @@ async def test_a_cached_prompt_gets_its_first_token_far_sooner(start_sim: StartS
         messages = long_prompt("t", words=2000)
         cold = await ttft(client, messages)
         warm = await ttft(client, messages)
-    assert cold > 0.15
-    assert warm < cold / 4
+    assert cold > 0.24  # at least the modelled prefill time (see the engine tests)
+    assert warm < cold / 3

@@ -43,7 +43,7 @@ async def test_metrics_parse_with_vllm_names(start_sim: StartSim) -> None:
 async def poll_aborts(sim: RunningSimulator, expected: float) -> dict[str, float]:
     """Metrics once the abort count reached expected and nothing runs (vLLM: within 0.2 s)."""
     samples: dict[str, float] = {}
-    for _ in range(100):
+    for _ in range(250):
         samples = await scrape(sim)
         if (
             samples["vllm:request_abort_total"] == expected
@@ -126,10 +126,31 @@ async def test_peer_router_probes_answer(start_sim: StartSim) -> None:
         assert render["token_ids"] == tok["tokens"]
         plain = (await http.post("/tokenize", json={"prompt": "hello world"})).json()
         assert plain["count"] == 2
-        for path in ("/health", "/health_generate", "/server_info", "/get_server_info"):
+        assert (await http.get("/version")).json() == {"version": "0.32.0+sim"}
+        for path in ("/health", "/health_generate", "/ping", "/server_info", "/get_server_info"):
             assert (await http.get(path)).status_code == 200, path
         for path in ("/model_info", "/get_model_info"):
             assert (await http.get(path)).json()["model_path"] == "sim"
         info = (await http.get("/get_server_info")).json()
         assert info["page_size"] == 16
         assert info["max_total_num_tokens"] == 8192 * 16
+
+
+async def test_instant_streams_parse_like_scheduled_ones(start_sim: StartSim) -> None:
+    instant, scheduled = await start_sim(instant=True), await start_sim(step_ms=1.0)
+    texts = []
+    for sim in (instant, scheduled):
+        async with client_for(sim) as client:
+            stream = await client.chat.completions.create(
+                model="sim",
+                messages=CHAT["messages"],
+                max_tokens=5,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+            chunks = [c async for c in stream]
+        assert chunks[-1].usage is not None
+        assert chunks[-1].usage.completion_tokens == 5
+        texts.append("".join(c.choices[0].delta.content or "" for c in chunks if c.choices))
+    assert texts[0] == texts[1]
+    assert texts[0]

@@ -3,69 +3,19 @@
 from __future__ import annotations
 
 import asyncio
-import shutil
-import signal
-import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
-import redis
 
 from gateway.index import open_index
 from gateway.index.base import PrefixIndex
 from gateway.settings import Settings
 from tests.conftest import free_port
+from tests.integration.index.redis_servers import RedisProcess
 
 A = list(range(1, 9))
 B = list(range(11, 19))
-
-
-class RedisProcess:
-    """A throwaway redis-server on a free loopback port, to kill and restart at will."""
-
-    def __init__(self) -> None:
-        binary = shutil.which("redis-server")
-        if binary is None:
-            pytest.fail("redis-server is not on PATH")
-        self.port = free_port()
-        self._cmd = [binary, "--port", str(self.port), "--bind", "127.0.0.1",
-                     "--save", "", "--appendonly", "no", "--daemonize", "no"]  # fmt: skip
-        self._proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        self._proc = subprocess.Popen(self._cmd, stdout=subprocess.DEVNULL)
-        client = redis.Redis(port=self.port, socket_timeout=0.2)
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                client.ping()
-                break
-            except redis.ConnectionError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.02)
-            finally:
-                client.close()
-
-    def pause(self, paused: bool) -> None:
-        """Freeze the server (SIGSTOP), so that calls hang until it resumes (SIGCONT)."""
-        assert self._proc is not None
-        self._proc.send_signal(signal.SIGSTOP if paused else signal.SIGCONT)
-
-    def kill(self) -> None:
-        if self._proc is not None:
-            self._proc.kill()
-            self._proc.wait()
-            self._proc = None
-
-
-@pytest.fixture
-def server() -> Iterator[RedisProcess]:
-    proc = RedisProcess()
-    proc.start()
-    yield proc
-    proc.kill()
 
 
 def settings(port: int) -> Settings:

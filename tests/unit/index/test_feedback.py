@@ -37,3 +37,11 @@ async def test_a_call_without_usage_withdraws_the_dispatch_record() -> None:
     fb = observe(idx, "m", "b0", KEY, 4, reported_cached=None, reported_prompt=None)
     assert not fb.reported
     assert await idx.lookup("m", KEY.hashes) == {"b0": 4}
+
+
+async def test_the_reply_is_recorded_with_the_prompt() -> None:
+    idx = index()
+    after = PrefixKey(tokens=400, hashes=[*KEY.hashes, *range(50, 65)], block_size=16, anchor=0)
+    fb = observe(idx, "m", "b0", KEY, 0, reported_cached=0, reported_prompt=200, holds=after)
+    assert fb.held_blocks == 0
+    assert await idx.lookup("m", after.hashes) == {"b0": 25}

@@ -35,10 +35,12 @@ async def test_a_repeated_prompt_hits_whole_blocks_except_the_last_token(engine:
     prompt = words(100)
     first = await finish(engine.submit(prompt, 4))
     assert first.cached_tokens == 0
+    assert first.created_cache_tokens == 96  # prompt blocks only, not the answer's
     assert first.finish_reason == "length"
     assert len(first.output) == 4
     again = await finish(engine.submit(prompt, 4))
     assert again.cached_tokens == 96
+    assert again.created_cache_tokens == 0
     assert again.output == first.output  # same prompt, same answer
     aligned = await finish(engine.submit(prompt[:96], 1))
     assert aligned.cached_tokens == 80  # 96 tokens cached, but the last one is recomputed
@@ -112,8 +114,10 @@ async def test_uncached_prefill_costs_time_and_a_cached_one_does_not() -> None:
     assert warm.first_token_at is not None
     cold_ttft = cold.first_token_at - cold.arrival
     warm_ttft = warm.first_token_at - warm.arrival
-    assert 0.15 < cold_ttft < 1.0
-    assert warm_ttft < cold_ttft / 5
+    # Four chunked-prefill steps of 512 tokens cost at least 4 x 12 + 2,000 x 0.1 ms;
+    # a loaded machine can only make the sleeps longer.
+    assert cold_ttft > 0.24
+    assert warm_ttft < cold_ttft / 3
 
 
 async def test_instant_mode_answers_on_submit_with_the_same_cache() -> None:

@@ -4,9 +4,14 @@ from gateway.sim import tokenizer
 def test_same_text_same_tokens_and_split_round_trips() -> None:
     text = "Hello, world!  The cache\tholds 16-token blocks."
     assert tokenizer.encode(text) == tokenizer.encode(text)
-    assert "".join(tokenizer.split(text)) == text
+    assert b"".join(tokenizer.split(text)) == text.encode()
     assert len(tokenizer.encode(text)) == len(tokenizer.split(text))
     assert tokenizer.encode("a b") != tokenizer.encode("a c")
+
+
+def test_non_ascii_text_falls_back_to_bytes() -> None:
+    assert len(tokenizer.encode("é")) == 2
+    assert b"".join(tokenizer.split("naïve café")) == "naïve café".encode()
 
 
 def test_generated_tokens_tokenize_back_to_themselves() -> None:

@@ -193,12 +193,19 @@ def test_pieces_of_a_prefix_are_a_prefix_of_the_pieces() -> None:
     assert pieces("no newline " * 1000) == ["no newline " * 1000]
 
 
-def test_answered_hashes_are_the_next_turns_prefix(hasher: PrefixHasher) -> None:
-    system, question = ("system", "You answer briefly. " * 10), ("user", "What is a cache? " * 8)
-    answer = "A place that keeps what was computed, so it is not computed again. " * 4
-    first = hasher.key(chat(system, question), ENC)
-    held = hasher.answered(chat(system, question), answer, ENC)
-    follow_up = hasher.key(chat(system, question, ("assistant", answer), ("user", "Why?")), ENC)
-    assert held[: len(first.hashes)] == first.hashes
-    assert len(held) > len(first.hashes) + 2  # the answer's blocks too
-    assert follow_up.hashes[: len(held)] == held
+def test_reply_key_is_the_next_turns_prefix(hasher: PrefixHasher) -> None:
+    turn = chat(("system", "Be brief."), ("user", "Explain tides to a child."))
+    reply = "The moon pulls on the sea, so the water rises and falls. " * 12
+    after = hasher.reply_key(turn, ENC, reply)
+    assert after is not None
+    now = hasher.key(turn, ENC)
+    assert after.hashes[: len(now.hashes)] == now.hashes
+    assert after.anchor == now.anchor
+    # A client resends the reply as an SDK message object, empty fields and all.
+    sdk_reply = {"role": "assistant", "content": reply, "refusal": None, "tool_calls": []}
+    messages = [*turn.body["messages"], sdk_reply, {"role": "user", "content": "Why twice?"}]
+    later = hasher.key(Request(endpoint="chat", model="m", body={"messages": messages}), ENC)
+    assert later.hashes[: len(after.hashes)] == after.hashes
+    assert len(after.hashes) > 3 * len(now.hashes)
+    assert hasher.reply_key(turn, ENC, "") is None
+    assert hasher.reply_key(completion("Once upon a time"), ENC, "there was") is None

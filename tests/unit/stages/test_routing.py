@@ -33,10 +33,16 @@ def policy() -> CacheAware:
 
 
 def test_hit_goes_to_the_backend_holding_most_of_the_prompt(policy: CacheAware) -> None:
-    route = policy.choose("m", key(100), {"b1": 90, "b2": 60}, pool(0, 2, 0))
+    route = policy.choose("m", key(100), {"b1": 90, "b2": 60}, pool(0, 1, 0))
     assert (route.backend, route.decision) == ("b1", "hit")
     assert route.matched_blocks == 90
     assert route.predicted_cached_tokens == 90 * B
+
+
+def test_a_little_more_cache_is_not_worth_a_queue(policy: CacheAware) -> None:
+    route = policy.choose("m", key(100), {"b0": 100, "b1": 97}, pool(3, 0))
+    assert (route.backend, route.decision, route.matched_blocks) == ("b1", "overflow", 97)
+    assert policy.choose("m", key(100), {"b1": 90, "b2": 60}, pool(0, 2, 0)).backend == "b2"
 
 
 def test_predicted_tokens_never_exceed_the_prompt(policy: CacheAware) -> None:

@@ -1,0 +1,53 @@
+"""What only the Redis index has: its update queue and its key layout."""
+
+from __future__ import annotations
+
+import redis.asyncio as aioredis
+
+from gateway.index.redis import RedisIndex
+from gateway.settings import PrefixSettings, RedisSettings, RoutingSettings
+from tests.conftest import REDIS_URL
+
+
+async def test_a_full_queue_sheds_its_oldest_updates(redis_prefix: str) -> None:
+    settings = RedisSettings(key_prefix=redis_prefix, queue_size=2)
+    index = RedisIndex(
+        aioredis.Redis.from_url(REDIS_URL), settings, RoutingSettings(), PrefixSettings()
+    )
+    index.record("m", "b0", [1, 2])
+    index.record("m", "b1", [1, 2])
+    index.record("m", "b2", [1, 2])
+    assert index.dropped == 1
+    await index.start()
+    try:
+        await index.flush()
+        assert await index.lookup("m", [1, 2]) == {"b1": 2, "b2": 2}
+    finally:
+        await index.aclose()
+
+
+async def test_keys_share_the_models_hash_tag_and_expire(redis_prefix: str) -> None:
+    routing = RoutingSettings(handle_ttl=30)
+    index = RedisIndex(
+        aioredis.Redis.from_url(REDIS_URL),
+        RedisSettings(key_prefix=redis_prefix),
+        routing,
+        PrefixSettings(),
+    )
+    await index.start()
+    index.record("chat-model", "10.0.0.5:8000", [1, 2, 3])
+    await index.flush()
+    await index.aclose()
+    client = aioredis.Redis.from_url(REDIS_URL)
+    try:
+        keys = sorted(
+            [k.decode() async for k in client.scan_iter(match=f"{redis_prefix}px:{{chat-model}}:*")]
+        )
+        assert keys == [
+            f"{redis_prefix}px:{{chat-model}}:backends",
+            f"{redis_prefix}px:{{chat-model}}:held:10.0.0.5:8000",
+        ]
+        for key in keys:
+            assert 0 < await client.pttl(key) <= 30_000
+    finally:
+        await client.aclose()
