@@ -264,10 +264,12 @@ def by_label(metrics: str, metric: str, label: str) -> dict[str, int]:
 
 
 def prediction_misses(ledger: Path) -> dict[str, int]:
-    """Calls whose predicted cached share was off by more than 0.1, per decision.
+    """Calls whose predicted cached share was off by more than 0.1, by decision and kind.
 
-    The ledger has the prediction in gateway tokens and the prompt in backend tokens, so
-    the share here divides by the backend's count: close to, not exactly, the metric's.
+    Kinds: ``evicted`` (a hit predicted, nothing cached), ``unseen`` (nothing predicted,
+    something cached), ``over``/``under`` (partly). The ledger has the prediction in
+    gateway tokens and the prompt in backend tokens, so the share here divides by the
+    backend's count: close to the metric's, not exactly it (the metric is the figure).
     """
     if not ledger.exists():
         return {}
@@ -278,10 +280,17 @@ def prediction_misses(ledger: Path) -> dict[str, int]:
         ).fetchall()
     out: Counter[str] = Counter()
     for decision, predicted, cached, prompt in rows:
-        gap = (predicted - cached) / prompt
-        if abs(gap) > 0.1:
-            out[f"{decision}:{'over' if gap > 0 else 'under'}"] += 1
+        if abs(predicted - cached) / prompt > 0.1:
+            out[f"{decision}:{miss_kind(predicted, cached)}"] += 1
     return dict(sorted(out.items()))
+
+
+def miss_kind(predicted: int, cached: int) -> str:
+    if not cached:
+        return "evicted"
+    if not predicted:
+        return "unseen"
+    return "over" if predicted > cached else "under"
 
 
 def render(results: Sequence[Result]) -> str:
@@ -297,6 +306,63 @@ def render(results: Sequence[Result]) -> str:
             f"  {counts}{errors}"
         )
     return "\n".join(lines)
+
+
+def render_misses(results: Sequence[Result]) -> str:
+    """The gateway's inaccurate predictions, by decision and kind (see prediction_misses)."""
+    return "\n".join(
+        f"{r.workload:<14}{r.setup:<26}inaccurate: {r.misses_by_decision or 'none'}"
+        for r in results
+        if r.predictions
+    )
+
+
+def check(results: Sequence[Result], subject: str = "gw-cache-aware") -> list[str]:
+    """Issue 4's targets for ``subject`` against the other rows, on per-config means."""
+    lines = []
+    for workload in dict.fromkeys(r.workload for r in results):
+        mine = [r for r in results if r.workload == workload]
+        names = dict.fromkeys(r.setup for r in mine)
+        rows = {n: mean_row([r for r in mine if r.setup == n]) for n in names}
+        if subject in rows:
+            goals = targets(workload, rows.pop(subject), rows)
+            lines += [f"{workload:<14}{'met ' if ok else 'MISSED'}  {goal}" for goal, ok in goals]
+    return lines
+
+
+def targets(
+    workload: str, me: dict[str, float], others: dict[str, dict[str, float]]
+) -> list[tuple[str, bool]]:
+    peers = [v for k, v in others.items() if k.startswith(("sglang", "vllm"))]
+    rr, sticky = others.get("gw-round-robin"), others.get("sticky")
+    goals = [
+        ("hit >= best peer", not peers or me["hit"] >= max(p["hit"] for p in peers)),
+        ("hit within 5% of sticky", sticky is None or me["hit"] >= 0.95 * sticky["hit"]),
+        ("TTFT p99 below every peer", all(me["p99"] < p["p99"] for p in peers)),
+        ("max/mean requests <= 1.3", me["imbalance"] <= 1.3),
+        ("predictions accurate > 90%", me["accurate"] > 0.9),
+    ]
+    if rr is None:
+        return goals
+    if workload == "multi-turn":
+        return [*goals, ("p50 <= RR p50 / 2", me["p50"] <= rr["p50"] / 2),
+                ("p99 <= RR p99", me["p99"] <= rr["p99"])]  # fmt: skip
+    return [*goals, ("p99 <= RR p99 / 3", me["p99"] <= rr["p99"] / 3),
+            ("p50 <= RR p50", me["p50"] <= rr["p50"])]  # fmt: skip
+
+
+def mean_row(rows: Sequence[Result]) -> dict[str, float]:
+    def avg(values: list[float | None]) -> float:
+        known = [v for v in values if v is not None]
+        return sum(known) / len(known) if known else float("nan")
+
+    return {
+        "hit": avg([r.hit_ratio for r in rows]),
+        "p50": avg([r.ttft_p50_ms for r in rows]),
+        "p99": avg([r.ttft_p99_ms for r in rows]),
+        "imbalance": avg([r.imbalance for r in rows]),
+        "accurate": avg([r.accurate for r in rows]),
+    }
 
 
 def num(value: float | None, fmt: str = ".0f") -> str:
@@ -352,6 +418,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     setups = [SETUPS[name] for name in args.configs]
     results = asyncio.run(campaign(workloads, setups, bench, args.repeat))
     print(render(results))
+    print(render_misses(results))
+    print("\n".join(check(results)))
     if args.json:
         rows = [asdict(r) for r in results]
         args.json.write_bytes(orjson.dumps(rows, option=orjson.OPT_INDENT_2))

@@ -39,6 +39,11 @@ def test_two_configs_on_a_small_cluster(tmp_path: Path) -> None:
     assert sum(gateway["predictions"].values()) == REQUESTS
     assert sum(gateway["decisions"].values()) == REQUESTS
     assert sticky["predictions"] == {}
-    table = proc.stdout.splitlines()
-    assert table[0].split()[:3] == ["workload", "config", "hit"]
-    assert [line.split()[1] for line in table[1:]] == ["gw-cache-aware", "sticky"]
+    head, *rows, misses = proc.stdout.splitlines()[:4]
+    assert head.split()[:3] == ["workload", "config", "hit"]
+    assert [line.split()[1] for line in rows] == ["gw-cache-aware", "sticky"]
+    assert misses.split()[:3] == ["multi-turn", "gw-cache-aware", "inaccurate:"]
+    # The targets are checked against the rows present (here: no peers, no round robin).
+    goals = [line.split(maxsplit=2)[2] for line in proc.stdout.splitlines()[4:]]
+    assert "hit within 5% of sticky" in goals
+    assert "p50 <= RR p50 / 2" not in goals
