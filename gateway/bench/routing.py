@@ -152,9 +152,9 @@ class Result:
 async def measure(setup: Setup, workload: Workload, bench: Bench) -> Result:
     """Fresh cluster, router, one replay, teardown: one row of the table."""
     with contextlib.ExitStack() as keep:
-        logs = bench.logs or Path(keep.enter_context(tempfile.TemporaryDirectory()))
-        logs = logs / f"{workload.name}-{setup.name}"
-        logs.mkdir(parents=True, exist_ok=True)
+        root = bench.logs or Path(keep.enter_context(tempfile.TemporaryDirectory()))
+        root.mkdir(parents=True, exist_ok=True)
+        logs = Path(tempfile.mkdtemp(prefix=f"{workload.name}-{setup.name}-", dir=root))
         instances = 1 if setup.single else bench.instances
         blocks = UNLIMITED_BLOCKS if setup.single else bench.cache_blocks
         opts = Options(rate=bench.rate, requests=bench.requests, seed=bench.seed,
@@ -365,6 +365,34 @@ def mean_row(rows: Sequence[Result]) -> dict[str, float]:
     }
 
 
+def markdown(results: Sequence[Result]) -> str:
+    """The README table: one row per config, each workload's figures as a range over runs."""
+    names = list(dict.fromkeys(r.setup for r in results))
+    loads = list(dict.fromkeys(r.workload for r in results))
+    head = "| config | " + " | ".join(f"{w}: hit / TTFT p50 / p99 ms / max/mean" for w in loads)
+    lines = [head + " |", "|---" * (len(loads) + 1) + "|"]
+    for name in names:
+        cells = []
+        for w in loads:
+            runs = [r for r in results if r.setup == name and r.workload == w]
+            cells.append(" / ".join([
+                spread([r.hit_ratio for r in runs], ".2f"),
+                spread([r.ttft_p50_ms for r in runs], ".0f"),
+                spread([r.ttft_p99_ms for r in runs], ".0f"),
+                spread([r.imbalance for r in runs], ".2f"),
+            ]))  # fmt: skip
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def spread(values: Sequence[float | None], fmt: str) -> str:
+    known = sorted(v for v in values if v is not None)
+    if not known:
+        return "-"
+    low, high = format(known[0], fmt), format(known[-1], fmt)
+    return low if low == high else f"{low}-{high}"
+
+
 def num(value: float | None, fmt: str = ".0f") -> str:
     return "-" if value is None else format(value, fmt)
 
@@ -399,6 +427,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--gateway-routing", default="{}", help="JSON: extra routing settings")
     p.add_argument("--logs", type=Path, help="keep every process's log and ledger here")
     p.add_argument("--json", type=Path, help="write the results here")
+    p.add_argument("--from-json", type=Path, help="print the tables of saved results, run none")
     return p.parse_args(argv)
 
 
@@ -416,10 +445,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     workloads = list(WORKLOADS) if args.workload == "both" else [args.workload]
     setups = [SETUPS[name] for name in args.configs]
-    results = asyncio.run(campaign(workloads, setups, bench, args.repeat))
+    if args.from_json:
+        results = [Result(**row) for row in orjson.loads(args.from_json.read_bytes())]
+    else:
+        results = asyncio.run(campaign(workloads, setups, bench, args.repeat))
     print(render(results))
     print(render_misses(results))
     print("\n".join(check(results)))
+    print(markdown(results))
     if args.json:
         rows = [asdict(r) for r in results]
         args.json.write_bytes(orjson.dumps(rows, option=orjson.OPT_INDENT_2))
