@@ -165,7 +165,8 @@ def run(args: argparse.Namespace) -> None:
             port = free_port()
             stack.enter_context(process(
                 [args.vllm_router, "--worker-urls", sim, "--policy", "round_robin",
-                 "--host", "127.0.0.1", "--port", str(port)],
+                 "--host", "127.0.0.1", "--port", str(port),
+                 "--prometheus-port", str(free_port())],
                 f"http://127.0.0.1:{port}/health", tmp / "vllm-router.log"))  # fmt: skip
             targets.append(Target("vllm-router", f"http://127.0.0.1:{port}/v1"))
         for t in targets:  # warm up, and prove each answers a real call
