@@ -5,10 +5,13 @@
 # Besides requests/s it reports the gateway process's CPU time per request, which other
 # load on the machine disturbs far less than throughput.
 #   deploy/bench/metrics-overhead.sh [ROUNDS] [SECONDS]
+# SWITCH names the setting toggled (default GATEWAY_METRICS_ENABLED); for the ledger:
+#   SWITCH=GATEWAY_LEDGER__ENABLED deploy/bench/metrics-overhead.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROUNDS=${1:-3}
 SECONDS_PER_RUN=${2:-10}
+SWITCH=${SWITCH:-GATEWAY_METRICS_ENABLED}
 PY=${PYTHON:-.venv/bin/python}
 WORK=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null; wait 2>/dev/null; rm -rf "$WORK"' EXIT
@@ -31,7 +34,7 @@ database: {url: "sqlite:///$WORK/$mode/ledger.db"}
 ledger: {spool_dir: "$WORK/$mode/spool"}
 YAML
   enabled=true; [ "$mode" = off ] && enabled=false
-  GATEWAY_METRICS_ENABLED=$enabled "$PY" -m gateway serve --config "$WORK/$mode/gateway.yaml" \
+  env "$SWITCH=$enabled" "$PY" -m gateway serve --config "$WORK/$mode/gateway.yaml" \
     --port "${PORT[$mode]}" >"$WORK/$mode/gateway.log" 2>&1 &
   PID[$mode]=$!
   wait_up "http://127.0.0.1:${PORT[$mode]}/health"
@@ -53,11 +56,11 @@ for i in $(seq "$ROUNDS"); do
   for mode in on off; do
     read -r rps cpu < <(run "$mode")
     RPS[$mode]="${RPS[$mode]:-} $rps"; CPU[$mode]="${CPU[$mode]:-} $cpu"
-    echo "round $i metrics $mode: $rps req/s, $cpu us CPU/request"
+    echo "round $i $SWITCH $mode: $rps req/s, $cpu us CPU/request"
   done
 done
 median() { tr ' ' '\n' | grep . | sort -g | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2}'; }
 for mode in on off; do
-  echo "median metrics $mode: $(echo "${RPS[$mode]}" | median) req/s," \
+  echo "median $SWITCH $mode: $(echo "${RPS[$mode]}" | median) req/s," \
     "$(echo "${CPU[$mode]}" | median) us CPU/request"
 done
