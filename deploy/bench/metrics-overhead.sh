@@ -7,6 +7,7 @@
 #   deploy/bench/metrics-overhead.sh [ROUNDS] [SECONDS]
 # SWITCH names the setting toggled (default GATEWAY_METRICS_ENABLED); for the ledger:
 #   SWITCH=GATEWAY_LEDGER__ENABLED deploy/bench/metrics-overhead.sh
+# DATABASE_URL: the ledger's database (default: a SQLite file per gateway).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROUNDS=${1:-3}
@@ -30,8 +31,9 @@ for mode in on off; do
   cat >"$WORK/$mode/gateway.yaml" <<YAML
 server: {access_log: false}
 models: [{name: sim-model, backends: [{url: "http://127.0.0.1:$SIM"}]}]
-database: {url: "sqlite:///$WORK/$mode/ledger.db"}
+database: {url: "${DATABASE_URL:-sqlite:///$WORK/$mode/ledger.db}", auto_migrate: true}
 ledger: {spool_dir: "$WORK/$mode/spool"}
+auth: {enabled: false}
 YAML
   enabled=true; [ "$mode" = off ] && enabled=false
   env "$SWITCH=$enabled" "$PY" -m gateway serve --config "$WORK/$mode/gateway.yaml" \
