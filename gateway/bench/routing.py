@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import shutil
 import sqlite3
 import sys
@@ -142,6 +143,9 @@ class Result:
     decisions: dict[str, int] = field(default_factory=dict)
     misses_by_decision: dict[str, int] = field(default_factory=dict)
     """Inaccurate predictions ("over"/"under") per routing decision, from the ledger."""
+    machine_load: float | None = None
+    """The 1-minute load average when the run ended: other work on a shared machine shows
+    here, and TTFT tails measured under it say more about the machine than the router."""
 
     @property
     def accurate(self) -> float | None:
@@ -167,6 +171,7 @@ async def measure(setup: Setup, workload: Workload, bench: Bench) -> Result:
             counts = await cluster.request_counts(urls)
             metrics = await scrape(front.url) if front.gateway else ""
         result = summarize(setup, report, counts, metrics)
+        result.machine_load = os.getloadavg()[0]
         if front.ledger is not None:
             result.misses_by_decision = prediction_misses(front.ledger)
         return result
@@ -295,7 +300,7 @@ def miss_kind(predicted: int, cached: int) -> str:
 
 def render(results: Sequence[Result]) -> str:
     head = (f"{'workload':<14}{'config':<26}{'hit':>6}{'p50 ms':>9}{'p99 ms':>9}"
-            f"{'max/mean':>9}{'pred ok':>9}  instances / errors")  # fmt: skip
+            f"{'max/mean':>9}{'pred ok':>9}{'load':>6}  instances / errors")  # fmt: skip
     lines = [head]
     for r in results:
         counts = "/".join(str(c) for c in r.instances.values())
@@ -303,6 +308,7 @@ def render(results: Sequence[Result]) -> str:
         lines.append(
             f"{r.workload:<14}{r.setup:<26}{num(r.hit_ratio, '.2f'):>6}{num(r.ttft_p50_ms):>9}"
             f"{num(r.ttft_p99_ms):>9}{num(r.imbalance, '.2f'):>9}{num(r.accurate, '.1%'):>9}"
+            f"{num(r.machine_load, '.1f'):>6}"
             f"  {counts}{errors}"
         )
     return "\n".join(lines)
