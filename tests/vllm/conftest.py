@@ -9,7 +9,6 @@ skipped would let a broken vLLM setup pass CI.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +17,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.servers import ROOT, free_port, gateway_process
+from tests.servers import ROOT, consecutive_free_ports, gateway_process
 
 DEPLOY = ROOT / "deploy" / "vllm-cpu"
 SERVERS = 2
@@ -40,20 +39,6 @@ def run_script(cmd: list[str], env: dict[str, str], timeout: float) -> None:
         pytest.fail(f"{' '.join(cmd)} did not finish in {timeout} s:\n{exc.stderr or ''}")
     if done.returncode != 0:
         pytest.fail(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stderr[-4000:]}")
-
-
-def consecutive_free_ports(n: int) -> int:
-    """A base port such that base..base+n-1 are free now (serve.sh takes consecutive ports)."""
-    for _ in range(50):
-        base = free_port()
-        try:
-            for port in range(base + 1, base + n):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        return base
-    pytest.fail(f"found no {n} consecutive free loopback ports")
 
 
 @pytest.fixture(scope="session")
