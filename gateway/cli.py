@@ -10,6 +10,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gateway.settings import Settings
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("gateway.serve", "run the gateway"),
@@ -39,3 +43,21 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser(argv).parse_args(argv)
     return int(args._run(args) or 0)
+
+
+def database_arguments(parser: argparse.ArgumentParser, config_help: str | None = None) -> None:
+    """--config and --database-url, for the subcommands that work on the ledger database."""
+    parser.add_argument("--config", help=config_help or "YAML settings file")
+    parser.add_argument("--database-url", help="default: the settings' database.url")
+
+
+def database_target(args: argparse.Namespace) -> tuple[Settings, str] | None:
+    """The settings and the database URL those arguments name; None (reported) if bad."""
+    from gateway.settings import SettingsError, load_settings
+
+    try:
+        settings = load_settings(args.config)
+    except SettingsError as exc:
+        print(exc, file=sys.stderr)
+        return None
+    return settings, args.database_url or settings.database.url

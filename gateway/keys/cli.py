@@ -24,19 +24,19 @@ import orjson
 from pydantic import ValidationError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from gateway.cli import database_arguments, database_target
 from gateway.keys import store
 from gateway.keys.specs import KeySpec, TeamSpec
 from gateway.ledger.db import make_engine
 from gateway.ledger.migrate import SchemaError, ensure_schema
-from gateway.settings import Settings, SettingsError, load_settings
+from gateway.settings import Settings
 
 Action = Callable[[AsyncEngine, Settings, argparse.Namespace], Awaitable[Any]]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--config", help="YAML settings file (for database.url, auth.pepper)")
-    common.add_argument("--database-url", help="default: the settings' database.url")
+    database_arguments(common, "YAML settings file (for database.url, auth.pepper)")
     sub = parser.add_subparsers(dest="keys_command", required=True, metavar="ACTION")
 
     create = sub.add_parser("create", parents=[common], help="issue a key (printed once)")
@@ -73,12 +73,10 @@ def _limits(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        settings = load_settings(args.config)
-    except SettingsError as exc:
-        print(exc, file=sys.stderr)
+    target = database_target(args)
+    if target is None:
         return 2
-    url = args.database_url or settings.database.url
+    settings, url = target
     try:
         result = asyncio.run(_with_engine(url, settings, args))
     except ValidationError as exc:

@@ -11,14 +11,13 @@ import sys
 
 import orjson
 
+from gateway.cli import database_arguments, database_target
 from gateway.ledger.db import make_engine
 from gateway.ledger.report import Report, cost_report, parse_group_by, parse_when
-from gateway.settings import SettingsError, load_settings
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", help="YAML settings file")
-    parser.add_argument("--database-url", help="default: the settings' database.url")
+    database_arguments(parser)
     parser.add_argument("--from", dest="start", type=parse_when, help="ISO date/time (UTC)")
     parser.add_argument("--to", dest="end", type=parse_when, help="ISO date/time, exclusive")
     parser.add_argument(
@@ -31,12 +30,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        settings = load_settings(args.config)
-    except SettingsError as exc:
-        print(exc, file=sys.stderr)
+    target = database_target(args)
+    if target is None:
         return 2
-    url = args.database_url or settings.database.url
+    settings, url = target
 
     async def main() -> Report:
         engine = make_engine(url, settings.database.timeout)

@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import fcntl
 import os
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -24,8 +23,8 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from gateway.cli import database_arguments, database_target
 from gateway.ledger.db import LedgerUnavailable, make_engine
-from gateway.settings import SettingsError, load_settings
 
 MIGRATIONS = Path(__file__).resolve().parents[2] / "migrations"
 
@@ -104,17 +103,14 @@ async def ensure_schema(engine: AsyncEngine, auto: bool) -> None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", help="YAML settings file")
-    parser.add_argument("--database-url", help="default: the settings' database.url")
+    database_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        settings = load_settings(args.config)
-    except SettingsError as exc:
-        print(exc, file=sys.stderr)  # noqa: T201
+    target = database_target(args)
+    if target is None:
         return 2
-    url = args.database_url or settings.database.url
+    settings, url = target
 
     async def main() -> str | None:
         engine = make_engine(url, settings.database.timeout)
