@@ -99,14 +99,15 @@ class Usage:
 
 @dataclass(slots=True)
 class Cost:
-    """Money for the call, exact: set by stages.metering."""
+    """Money for the call, exact, in integer units of 1e-10 USD (the ledger's and the
+    budgets' unit; ledger.models.to_usd gives USD): set by stages.metering."""
 
-    input: Decimal = Decimal(0)
-    cached_input: Decimal = Decimal(0)
-    cache_write: Decimal = Decimal(0)
-    output: Decimal = Decimal(0)
-    total: Decimal = Decimal(0)
-    without_cache: Decimal = Decimal(0)
+    input: int = 0
+    cached_input: int = 0
+    cache_write: int = 0
+    output: int = 0
+    total: int = 0
+    without_cache: int = 0
     price_id: int | None = None
 
 

@@ -19,6 +19,7 @@ from gateway.backends import Backend, Model
 from gateway.errors import GatewayError
 from gateway.flow import Call, Endpoint, Route
 from gateway.index import feedback
+from gateway.ledger.models import to_usd
 from gateway.services import Services
 from gateway.stages import auth, forward, limits, parse, usage
 from gateway.stages.forward import EventScanner, StreamRelay, Unreachable
@@ -280,7 +281,7 @@ def log_access(call: Call, spent: float | None) -> None:
         "ttft_ms": round(call.ttft * 1000, 2) if call.ttft is not None else None,
         "latency_ms": round(call.latency * 1000, 2) if call.latency is not None else None,
         "overhead_ms": round(spent * 1000, 3) if spent is not None else None,
-        "cost_usd": str(cost.total) if cost else None,
+        "cost_usd": format(to_usd(cost.total), "f") if cost else None,
         "disconnected": call.disconnected,
         "served_by": call.served_by,
     }

@@ -20,7 +20,7 @@ from gateway.flow import Period
 from gateway.keys.models import ApiKey, Team
 from gateway.keys.secret import display_prefix, hash_secret, new_key_id, new_secret
 from gateway.keys.specs import KeySpec, TeamSpec
-from gateway.ledger.models import LedgerRow
+from gateway.ledger.models import LedgerRow, to_usd
 
 
 class TeamExists(Exception):
@@ -156,14 +156,7 @@ async def month_spend(engine: AsyncEngine, now: datetime) -> list[Spend]:
     )
     async with engine.connect() as conn:
         rows = (await conn.execute(stmt)).all()
-    return [Spend(r.key_id, r.team, _money(r.month), _money(r.today)) for r in rows]
-
-
-def _money(value: object) -> Decimal:
-    """Sums come back through the Money type, except a CASE's on some dialects."""
-    if value is None:
-        return Decimal(0)
-    return value if isinstance(value, Decimal) else Decimal(str(value))
+    return [Spend(r.key_id, r.team, to_usd(r.month or 0), to_usd(r.today or 0)) for r in rows]
 
 
 def _plain(info: TeamInfo | KeyInfo) -> dict[str, Any]:

@@ -31,7 +31,8 @@ from gateway.ledger.service import Ledger
 from gateway.settings import Settings, load_settings
 
 # 10M rows spread over 90 days, 50 teams, 500 keys, 4 models, 8 backends; each row's
-# tokens vary with its number, and its costs are those tokens at one fixed price.
+# tokens vary with its number, and its costs are those tokens at one fixed price ($0.15,
+# $0.075 and $0.60 per million: 1500, 750 and 6000 units of 1e-10 USD per token).
 SYNTHETIC = """
 INSERT INTO ledger (request_id, ts, key_id, team, model, backend, endpoint, stream, status,
     error_type, decision, served_by, disconnected, estimated, prompt_tokens, input_tokens,
@@ -41,8 +42,7 @@ INSERT INTO ledger (request_id, ts, key_id, team, model, backend, endpoint, stre
 SELECT 'bench-' || g, ts, 'key-' || g % 500, 'team-' || g % 50, 'model-' || g % 4,
     'b' || g % 8, 'chat', g % 2 = 0, 200, NULL, 'hit', 'upstream', false, false,
     p, p - c, c, 0, o, c, NULL,
-    (p - c) * 0.15 / 1e6, c * 0.075 / 1e6, 0, o * 0.6 / 1e6,
-    (p - c) * 0.15 / 1e6 + c * 0.075 / 1e6 + o * 0.6 / 1e6, p * 0.15 / 1e6 + o * 0.6 / 1e6,
+    (p - c) * 1500, c * 750, 0, o * 6000, (p - c) * 1500 + c * 750 + o * 6000, p * 1500 + o * 6000,
     0.05, 1.5
 FROM (
     SELECT g, timestamptz '2026-09-01' + g * ($2::float8 / $1) * interval '1 second' AS ts,

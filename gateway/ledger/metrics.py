@@ -10,6 +10,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from gateway.ledger.models import SCALE
+
 
 class LedgerMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
@@ -49,9 +51,10 @@ class LedgerMetrics:
             multiprocess_mode="livemax",
         )
 
-    def add_cost(self, model: str, team: str, usd: float) -> None:
-        """Count a call's cost; the labelled child is kept, as labels() is slow per call."""
+    def add_cost(self, model: str, team: str, units: int) -> None:
+        """Count a call's cost (1e-10 USD units; the counter is in float USD, for graphs
+        only); the labelled child is kept, as labels() is slow per call."""
         child = self._cost_by.get((model, team))
         if child is None:
             child = self._cost_by[model, team] = self.cost.labels(model, team)
-        child.inc(usd)
+        child.inc(units / 10**SCALE)

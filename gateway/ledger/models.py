@@ -1,8 +1,11 @@
 """The ledger's tables: price versions and one usage row per call.
 
-Money is exact everywhere: ``Numeric(20, 10)`` USD on Postgres; SQLite has no exact
-decimal type, so there the same column holds integer units of 1e-10 USD. The
-:class:`Money` type hides the difference, so code and reports see ``Decimal`` on both.
+Money is exact everywhere. The ledger's cost columns hold integer units of 1e-10 USD
+(BIGINT on both databases): a call is priced, written and summed in integers, which
+asyncpg encodes and Postgres indexes and adds far faster than NUMERIC, and reports turn
+the sums into ``Decimal`` USD with :func:`to_usd`. Prices and budgets, written rarely, are
+``Numeric(20, 10)`` USD on Postgres; SQLite has no exact decimal type, so there those
+columns hold the same integer units, and the :class:`Money` type shows ``Decimal`` on both.
 """
 
 from __future__ import annotations
@@ -36,6 +39,20 @@ QUANTUM = Decimal(1).scaleb(-SCALE)
 def quantize(value: Decimal) -> Decimal:
     """Round to the ledger's fixed scale (banker's rounding, the Decimal default)."""
     return value.quantize(QUANTUM)
+
+
+def to_units(usd: Decimal) -> int:
+    """USD to integer 1e-10 units (exact for every amount at the ledger's scale)."""
+    return int(usd.scaleb(SCALE).to_integral_value())
+
+
+def to_usd(units: int | Decimal) -> Decimal:
+    """Integer 1e-10 units to USD with exactly the ledger's ten decimals.
+
+    A Postgres SUM of BIGINT comes back as an integral Decimal in any exponent (7.5E+6):
+    through int it always prints as 0.0007500000.
+    """
+    return Decimal(int(units)).scaleb(-SCALE)
 
 
 class Money(TypeDecorator[Decimal]):
@@ -146,12 +163,13 @@ class LedgerRow(Base):
     completion_tokens: Mapped[int] = mapped_column(Integer)
     predicted_cached_tokens: Mapped[int] = mapped_column(Integer)
     price_id: Mapped[int | None] = mapped_column(ForeignKey("prices.id"))
-    cost_input: Mapped[Decimal] = mapped_column(Money())
-    cost_cached_input: Mapped[Decimal] = mapped_column(Money())
-    cost_cache_write: Mapped[Decimal] = mapped_column(Money())
-    cost_output: Mapped[Decimal] = mapped_column(Money())
-    cost_total: Mapped[Decimal] = mapped_column(Money())
-    cost_without_cache: Mapped[Decimal] = mapped_column(Money())
+    cost_input: Mapped[int] = mapped_column(BigInteger)
+    """Integer units of 1e-10 USD, like every cost_* column (to_usd gives USD)."""
+    cost_cached_input: Mapped[int] = mapped_column(BigInteger)
+    cost_cache_write: Mapped[int] = mapped_column(BigInteger)
+    cost_output: Mapped[int] = mapped_column(BigInteger)
+    cost_total: Mapped[int] = mapped_column(BigInteger)
+    cost_without_cache: Mapped[int] = mapped_column(BigInteger)
     """What the call would have cost had every prompt token been standard input."""
     ttft_s: Mapped[float | None] = mapped_column(Float)
     latency_s: Mapped[float | None] = mapped_column(Float)

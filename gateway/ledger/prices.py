@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
 
+from gateway.ledger.models import quantize, to_units
 from gateway.settings import ModelSettings, PriceSettings
 
 
@@ -27,6 +28,13 @@ class PriceVersion:
     cache_write: Decimal
     output: Decimal
     source: str
+    units: tuple[int, int, int, int] = field(init=False, compare=False, repr=False)
+    """The four prices in integer 1e-10 USD units per million tokens, so that pricing a
+    call is integer arithmetic (prices are stored at that scale: exact)."""
+
+    def __post_init__(self) -> None:
+        prices = (self.input, self.cached_input, self.cache_write, self.output)
+        object.__setattr__(self, "units", tuple(to_units(quantize(p)) for p in prices))
 
     def same_price(self, price: PriceSettings) -> bool:
         return (self.input, self.cached_input, self.cache_write, self.output) == (

@@ -1,8 +1,9 @@
 """Cost reports: the ledger aggregated in SQL by key, team, model, day or backend.
 
 A report groups by one dimension or several (``team,day``). Sums run in the database, one
-GROUP BY over the ledger; the totals line is the exact sum of the group lines, so a report
-always adds up to the last digit.
+GROUP BY over the ledger, in the integer 1e-10 USD units the rows hold, and become
+``Decimal`` USD at that scale here; the totals line is the exact sum of the group lines, so
+a report always adds up to the last digit.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any, Literal, cast, get_args
 from sqlalchemy import ColumnElement, Select, func, literal_column, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from gateway.ledger.models import LedgerRow
+from gateway.ledger.models import LedgerRow, to_usd
 
 GroupBy = Literal["key", "team", "model", "day", "backend"]
 GROUP_BYS: tuple[str, ...] = get_args(GroupBy)
@@ -137,6 +138,13 @@ def report_query(
     return stmt
 
 
+def _line(r: Any, n: int) -> ReportLine:
+    """A result row: n group values, the count, the token sums, then the cost sums (units)."""
+    groups = tuple(None if g is None else str(g) for g in r[:n])
+    counts = r[n : n + 1 + len(TOKENS)]
+    return ReportLine(groups, *counts, *map(to_usd, r[n + 1 + len(TOKENS) :]))
+
+
 async def cost_report(
     engine: AsyncEngine,
     start: datetime | None,
@@ -148,10 +156,7 @@ async def cost_report(
     n = len(group_by)
     async with engine.connect() as conn:
         result = await conn.execute(stmt)
-        lines = [
-            ReportLine(tuple(None if g is None else str(g) for g in r[:n]), *r[n:])
-            for r in result.all()
-        ]
+        lines = [_line(r, n) for r in result.all()]
     report = Report(start, end, group_by, lines)
     for line in lines:
         report.totals.add(line)

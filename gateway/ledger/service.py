@@ -90,7 +90,7 @@ class Ledger:
             call.cost = cost = price_usage(call.usage, price)
             team = call.principal.team if call.principal else None
             if call.model in self._models:  # a client's made-up name is no label value
-                self._metrics.add_cost(call.model or "", team or "", float(cost.total))
+                self._metrics.add_cost(call.model or "", team or "", cost.total)
             if self._writer is not None:
                 self._writer.put(ledger_row(call, cost))
         except Exception:

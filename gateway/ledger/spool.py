@@ -24,24 +24,26 @@ from typing import IO
 
 import orjson
 
-from gateway.ledger.models import LedgerRow, Money
+from gateway.ledger.models import ROW_COLUMNS, to_units
 from gateway.ledger.rows import Row
 
 log = logging.getLogger(__name__)
 
-_MONEY = frozenset(c.name for c in LedgerRow.__table__.columns if isinstance(c.type, Money))
+_MONEY = frozenset(n for n in ROW_COLUMNS if n.startswith("cost_"))
 
 
 def encode(rows: Sequence[Row]) -> bytes:
-    return b"".join(orjson.dumps(r, default=str) + b"\n" for r in rows)
+    return b"".join(orjson.dumps(r.values(), default=str) + b"\n" for r in rows)
 
 
 def decode(line: bytes) -> Row:
+    """A spooled row; money in USD strings (spooled before migration 0004) becomes units."""
     row = orjson.loads(line)
     row["ts"] = datetime.fromisoformat(row["ts"])
     for name in _MONEY:
-        row[name] = Decimal(row[name])
-    return row
+        if isinstance(row[name], str):
+            row[name] = to_units(Decimal(row[name]))
+    return Row(**row)
 
 
 @dataclass(slots=True)

@@ -1,19 +1,22 @@
 """Database statements of the ledger: batch inserts of rows and the price table.
 
-Postgres takes a batch by COPY into a per-connection staging table and one
-``INSERT ... SELECT ... ON CONFLICT (request_id) DO NOTHING``: one round trip for the
-data, and a replayed batch can never count a call twice. SQLite gets the same
-conflict rule through a multi-row insert.
+Postgres takes a batch by COPY straight into the ledger, in one transaction: one round
+trip for the data and nothing returned, as every row of a committed COPY is new. Only a
+batch that hits the unique request_id (a replay after a commit whose reply was lost, or
+a spool replayed twice) is written the careful way: COPY into a per-connection staging
+table and ``INSERT ... SELECT ... ON CONFLICT (request_id) DO NOTHING RETURNING``, so a
+replayed batch never counts a call twice. SQLite gets the same conflict rule through a
+multi-row insert.
 """
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Sequence
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
+import asyncpg
 from sqlalchemy import select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -22,8 +25,6 @@ from gateway.ledger.models import ROW_COLUMNS, LedgerRow, Price, quantize
 from gateway.ledger.prices import PriceVersion
 from gateway.ledger.rows import Row
 
-_RECORD = operator.itemgetter(*ROW_COLUMNS)
-"""A row dict as the tuple COPY takes, in ROW_COLUMNS order."""
 _COLS = ", ".join(ROW_COLUMNS)
 _STAGE = (
     "CREATE TEMP TABLE IF NOT EXISTS ledger_stage ON COMMIT DELETE ROWS AS "
@@ -44,22 +45,32 @@ async def insert_rows(engine: AsyncEngine, rows: Sequence[Row]) -> list[Row]:
     async with engine.connect() as conn:
         if conn.dialect.name == "postgresql":
             new = await _copy_rows(conn, rows)
+            if new is None:
+                return list(rows)
         else:
             stmt = sqlite.insert(LedgerRow).on_conflict_do_nothing(index_elements=["request_id"])
-            result = await conn.execute(stmt.returning(LedgerRow.request_id), list(rows))
+            result = await conn.execute(
+                stmt.returning(LedgerRow.request_id), [r.values() for r in rows]
+            )
             new = set(result.scalars().all())
             await conn.commit()
-    return list(rows) if len(new) == len(rows) else [r for r in rows if r["request_id"] in new]
+    return list(rows) if len(new) == len(rows) else [r for r in rows if r.request_id in new]
 
 
-async def _copy_rows(conn: AsyncConnection, rows: Sequence[Row]) -> set[str]:
+async def _copy_rows(conn: AsyncConnection, rows: Sequence[Row]) -> set[str] | None:
+    """COPY the batch; None when every row was new, else the request ids that were."""
     raw = await conn.get_raw_connection()
     pg = raw.driver_connection
     assert pg is not None
-    records = list(map(_RECORD, rows))
+    try:
+        async with pg.transaction():
+            await pg.copy_records_to_table("ledger", records=rows, columns=ROW_COLUMNS)
+        return None
+    except asyncpg.UniqueViolationError:
+        pass  # some rows are in already: merge the batch, skipping those
     async with pg.transaction():
         await pg.execute(_STAGE)
-        await pg.copy_records_to_table("ledger_stage", records=records, columns=ROW_COLUMNS)
+        await pg.copy_records_to_table("ledger_stage", records=rows, columns=ROW_COLUMNS)
         return {r[0] for r in await pg.fetch(_MERGE)}
 
 

@@ -19,11 +19,9 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from decimal import Decimal
 from typing import Literal, Protocol
 
 from gateway.flow import Period
-from gateway.ledger.models import SCALE
 from gateway.limits.metrics import LimitMetrics
 
 Scope = Literal["key", "team"]
@@ -32,11 +30,6 @@ Kind = Literal["requests", "tokens"]
 WINDOW = 60.0
 """Seconds a per-minute limit refills over (and the most it holds)."""
 PERIODS: tuple[Period, ...] = ("day", "month")
-
-
-def to_units(usd: Decimal) -> int:
-    """USD to integer 1e-10 units (exact for every ledger amount)."""
-    return int(usd.scaleb(SCALE).to_integral_value())
 
 
 def period_id(period: Period, at: datetime) -> str:

@@ -25,6 +25,7 @@ from datetime import UTC, datetime
 from gateway.errors import GatewayError, QuotaExceeded, RateLimited
 from gateway.flow import Call, Principal, Quota
 from gateway.keys.store import Spend
+from gateway.ledger.models import to_units
 from gateway.limits import Limiter
 from gateway.limits.base import (
     PERIODS,
@@ -37,7 +38,6 @@ from gateway.limits.base import (
     Verdict,
     period_end,
     period_id,
-    to_units,
 )
 
 
@@ -60,7 +60,7 @@ def settle(call: Call, limiter: Limiter) -> None:
         return
     u = call.usage
     used = u.prompt_tokens + u.completion_tokens if u else 0
-    units = to_units(call.cost.total) if call.cost else 0
+    units = call.cost.total if call.cost else 0
     plan = plan_for(call.principal, _day(call))
     limiter.settle(plan, used - call.quota.reserved_tokens, units)
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import time
-from decimal import Decimal
 
 import orjson
 import pytest
@@ -24,7 +23,7 @@ def finished_call(stream: bool) -> Call:
     call.first_byte_at = call.received_at + 0.05
     call.done_at = call.received_at + 0.25
     call.usage = Usage(prompt_tokens=100, cached_tokens=64, completion_tokens=9)
-    call.cost = Cost(total=Decimal("0.0001234"))
+    call.cost = Cost(total=1_234_000)  # 1e-10 USD units
     return call
 
 
@@ -49,7 +48,7 @@ def test_access_log_is_one_json_line_without_the_key(caplog: pytest.LogCaptureFi
     assert entry["ttft_ms"] == pytest.approx(50, abs=0.01)
     assert entry["latency_ms"] == pytest.approx(250, abs=0.01)
     assert entry["overhead_ms"] == 2.1
-    assert entry["cost_usd"] == "0.0001234"
+    assert entry["cost_usd"] == "0.0001234000"
     assert entry["ts"].endswith("+00:00")
 
 

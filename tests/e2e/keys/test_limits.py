@@ -14,6 +14,7 @@ import asyncpg
 import openai
 import pytest
 
+from gateway.ledger.models import to_usd
 from tests.conftest import REDIS_URL
 from tests.e2e.conftest import MODEL, write_config
 from tests.e2e.keys.conftest import auth_sections, issue_key
@@ -126,7 +127,7 @@ def test_a_budget_stops_the_key_after_the_call_that_crosses_it(
     rows = ledger_rows(keys_db, key_id, 3)
     assert [r["status"] for r in rows] == [200, 429, 429]
     assert rows[0]["prompt_tokens"] == served.usage.prompt_tokens
-    assert rows[0]["cost_total"] > Decimal("0.00001")
+    assert to_usd(rows[0]["cost_total"]) > Decimal("0.00001")
     assert rows[1]["cost_total"] == rows[2]["cost_total"] == 0
 
     # A gateway that starts on an empty Redis learns the spend from the ledger.

@@ -1,4 +1,5 @@
-"""The dashboard's cost panels run on the real ledger table and add up to what was stored."""
+"""The dashboard's cost panels run on the real ledger table and add up to what was stored,
+in exact USD (the ledger holds integer 1e-10 USD units)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from gateway.flow import Cost, Usage
 from gateway.ledger.db import make_engine
 from gateway.ledger.migrate import upgrade
+from gateway.ledger.models import to_units
 from gateway.ledger.rows import ledger_row
 from gateway.ledger.store import insert_rows
 from tests.integration.ledger.factory import make_call
@@ -52,10 +54,11 @@ async def ledger_db(pg_db_url: str) -> AsyncIterator[AsyncEngine]:
     """A migrated ledger of its own holding three priced calls."""
     engine = make_engine(pg_db_url)
     await upgrade(engine)
+    half = Decimal("0.5")
     rows = [
         ledger_row(
             make_call("alpha", team=team, usage=Usage(prompt_tokens=100, cached_tokens=60)),
-            Cost(total=Decimal(total), without_cache=Decimal(total) + Decimal("0.5")),
+            Cost(total=to_units(Decimal(total)), without_cache=to_units(Decimal(total) + half)),
         )
         for team, total in (("team-a", "1.25"), ("team-b", "2.5"), (None, "0.125"))
     ]

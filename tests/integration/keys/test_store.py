@@ -15,6 +15,7 @@ from gateway.errors import Unauthorized
 from gateway.flow import Cost
 from gateway.keys import KeyRing, store
 from gateway.keys.specs import KeySpec, TeamSpec
+from gateway.ledger.models import to_units
 from gateway.ledger.rows import ledger_row
 from gateway.ledger.store import insert_rows
 from gateway.settings import AuthSettings
@@ -136,7 +137,7 @@ async def test_month_spend_is_one_aggregate_of_this_month_and_today(engine: Asyn
         (None, None, now, "7"),  # anonymous: no key to budget
     ]:
         call = make_call(key=key, team=team, received_wall=when.timestamp())
-        rows.append(ledger_row(call, Cost(total=Decimal(usd))))
+        rows.append(ledger_row(call, Cost(total=to_units(Decimal(usd)))))
     await insert_rows(engine, rows)
     got = {s.key_id: s for s in await store.month_spend(engine, now)}
     assert set(got) == {"key_a", "key_b"}

@@ -23,7 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from gateway.flow import Call, Cost, Usage
 from gateway.ledger import Ledger
 from gateway.ledger.db import make_engine
-from gateway.ledger.models import LedgerRow, Price
+from gateway.ledger.models import LedgerRow, Price, to_usd
 from gateway.ledger.report import cost_report, report_query
 from tests.integration.ledger.factory import ledger_settings, make_call
 
@@ -124,7 +124,7 @@ async def test_mix_gives_exact_rows_and_report(
         assert (row.input_tokens, row.completion_tokens) == (input_tokens, usage.completion_tokens)
         costs = (row.cost_input, row.cost_cached_input, row.cost_cache_write, row.cost_output,
                  row.cost_total, row.cost_without_cache)  # fmt: skip
-        assert costs == tuple(Decimal(m) for m in money)
+        assert tuple(map(to_usd, costs)) == tuple(Decimal(m) for m in money)
         assert call.cost == Cost(*costs, price_id=row.price_id)
         assert row.price_id == ids[call.model or ""]
         assert row.ts.timestamp() == pytest.approx(call.received_wall, abs=1e-5)
@@ -147,9 +147,8 @@ async def test_mix_gives_exact_rows_and_report(
     got = {line.pop("team"): line for line in report["rows"]} | {"TOTAL": report["totals"]}
     assert got == TEAM_REPORT
     async with engine.connect() as conn:
-        assert (await conn.execute(select(func.sum(LedgerRow.cost_total)))).scalar_one() == (
-            Decimal(TEAM_REPORT["TOTAL"]["cost_total"])
-        )
+        total = (await conn.execute(select(func.sum(LedgerRow.cost_total)))).scalar_one()
+    assert to_usd(total) == Decimal(TEAM_REPORT["TOTAL"]["cost_total"])
     by_model = (await cost_report(engine, None, None, ("model",))).to_json()
     assert [(r["model"], r["cost_total"]) for r in by_model["rows"]] == [
         ("alpha", "0.0003924000"), ("beta", "0.0083940000"), ("gamma", "0.0000008641")
@@ -182,11 +181,11 @@ async def test_price_change_never_reprices_the_past(
     assert old is not None
     assert (new.id, new.effective_from > old.effective_from) == (old.id + 3, True)
     written = {r.request_id: r for r in await rows(engine)}
-    assert written[before.id].cost_total == Decimal("0.00075")  # 1000 * 0.15 + 1000 * 0.60
+    assert to_usd(written[before.id].cost_total) == Decimal("0.00075")  # 1000 * 0.15 + 1000 * 0.60
     assert written[before.id].price_id == old.id
-    assert written[late.id].cost_total == Decimal("0.00075")
+    assert to_usd(written[late.id].cost_total) == Decimal("0.00075")
     assert written[late.id].price_id == old.id
-    assert written[after.id].cost_total == Decimal("0.0015")  # 1000 * 0.30 + 1000 * 1.20
+    assert to_usd(written[after.id].cost_total) == Decimal("0.0015")  # 1000 * 0.30 + 1000 * 1.20
     assert written[after.id].price_id == new.id
     history = ledger.price_history("alpha")
     assert [v.source for v in history] == ["config", "admin"]
@@ -199,7 +198,7 @@ async def test_same_request_id_is_counted_once(
     ledger = Ledger(
         ledger_settings(db_url, tmp_path / "spool", PRICES),
         CollectorRegistry(),
-        on_written=lambda batch: written.extend(r["request_id"] for r in batch),
+        on_written=lambda batch: written.extend(r.request_id for r in batch),
     )
     await ledger.start()
     call = make_call("alpha", usage=Usage(10, 0, 10))
@@ -207,10 +206,12 @@ async def test_same_request_id_is_counted_once(
     await ledger.aclose()
     await ledger.start()
     ledger.record(call)  # e.g. a retried write after a reply that never arrived
+    fresh = make_call("alpha", usage=Usage(20, 0, 20))
+    ledger.record(fresh)  # in the same batch as the repeat: written, and counted, once
     await ledger.aclose()
 
-    assert [r.request_id for r in await rows(engine)] == [call.id]
-    assert written == [call.id]
+    assert [r.request_id for r in await rows(engine)] == [call.id, fresh.id]
+    assert written == [call.id, fresh.id]
 
 
 async def test_config_price_synced_only_when_changed(

@@ -17,6 +17,7 @@ from gateway.flow import Call, Usage
 from gateway.ledger import Ledger
 from gateway.ledger.db import make_engine
 from gateway.ledger.migrate import upgrade
+from gateway.ledger.models import to_units
 from tests.integration.ledger.factory import ledger_settings, make_call
 from tests.integration.ledger.postgres import PrivatePostgres
 
@@ -95,7 +96,7 @@ async def test_outage_loses_and_doubles_nothing(
     assert gauge(registry, "gateway_ledger_spool_rows") == 0
     assert gauge(registry, "gateway_ledger_queue_depth") == 0
     n = len(calls)
-    assert await ledger_counts(private_pg.url) == (n, n, format(n * Decimal(CALL_COST), ".10f"))
+    assert await ledger_counts(private_pg.url) == (n, n, str(n * to_units(Decimal(CALL_COST))))
     assert gauge(registry, "gateway_ledger_rows_written_total") == n  # replays not counted twice
 
 
@@ -124,5 +125,5 @@ async def test_rows_spooled_at_shutdown_are_replayed_at_next_start(
     await restarted.aclose()
 
     n = len(calls)
-    assert await ledger_counts(private_pg.url) == (n, n, format(n * Decimal(CALL_COST), ".10f"))
+    assert await ledger_counts(private_pg.url) == (n, n, str(n * to_units(Decimal(CALL_COST))))
     assert not list((tmp_path / "spool").glob("*.spool"))

@@ -2,25 +2,30 @@ from __future__ import annotations
 
 import fcntl
 from datetime import UTC, datetime
-from decimal import Decimal
 from pathlib import Path
 
+import orjson
+
 from gateway.ledger.rows import Row
-from gateway.ledger.spool import Spool, encode
+from gateway.ledger.spool import Spool, decode, encode
 
 
 def row(i: int) -> Row:
-    return {"request_id": f"r{i}", "ts": datetime(2026, 11, 29, 12, 0, i, 250, tzinfo=UTC),
-            "cost_input": Decimal("0.0000000001"), "cost_cached_input": Decimal(0),
-            "cost_cache_write": Decimal(0), "cost_output": Decimal("12.5"),
-            "cost_total": Decimal("12.5000000001"), "cost_without_cache": Decimal(1),
-            "team": None, "stream": True}  # fmt: skip
+    return Row(
+        request_id=f"r{i}", ts=datetime(2026, 11, 29, 12, 0, i, 250, tzinfo=UTC), key_id="k",
+        team=None, model="m", backend="b", endpoint="chat", stream=True, status=200,
+        error_type=None, decision="hit", served_by="upstream", disconnected=False,
+        estimated=False, prompt_tokens=10, input_tokens=4, cached_tokens=6,
+        cache_write_tokens=0, completion_tokens=5, predicted_cached_tokens=6, price_id=3,
+        cost_input=1, cost_cached_input=0, cost_cache_write=0, cost_output=125_000_000_000,
+        cost_total=125_000_000_001, cost_without_cache=10**10, ttft_s=0.25, latency_s=None,
+    )  # fmt: skip
 
 
 def drain(spool: Spool, limit: int = 2) -> list[str]:
     ids = []
     while (chunk := spool.read(limit)) is not None:
-        ids += [r["request_id"] for r in chunk.rows]
+        ids += [r.request_id for r in chunk.rows]
         spool.commit(chunk)
     return ids
 
@@ -79,3 +84,12 @@ def test_torn_last_line_is_dropped(tmp_path: Path) -> None:
     assert spool.rows == 0
     spool.close()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_row_spooled_with_usd_money_replays_in_units(tmp_path: Path) -> None:
+    """A spool left by a gateway from before migration 0004 held money as USD strings."""
+    old = row(1).values() | {"ts": row(1).ts.isoformat(), "cost_input": "0.0000000001",
+                              "cost_cached_input": "0E-10", "cost_cache_write": "0",
+                              "cost_output": "12.5000000000", "cost_total": "12.5000000001",
+                              "cost_without_cache": "1.0000000000"}  # fmt: skip
+    assert decode(orjson.dumps(old)) == row(1)
