@@ -1,7 +1,8 @@
 """Database statements of the ledger: batch inserts of rows and the price table.
 
-Postgres takes a batch by COPY straight into the ledger, in one transaction: one round
-trip for the data and nothing returned, as every row of a committed COPY is new. Only a
+Postgres takes a batch by one COPY straight into the ledger: a single round trip, no
+explicit transaction (a lone COPY is atomic) and nothing returned, as every row of a
+committed COPY is new. Only a
 batch that hits the unique request_id (a replay after a commit whose reply was lost, or
 a spool replayed twice) is written the careful way: COPY into a per-connection staging
 table and ``INSERT ... SELECT ... ON CONFLICT (request_id) DO NOTHING RETURNING``, so a
@@ -11,6 +12,7 @@ multi-row insert.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from datetime import datetime
 from decimal import Decimal
@@ -21,6 +23,7 @@ from sqlalchemy import select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from gateway.ledger.db import DB_ERRORS
 from gateway.ledger.models import ROW_COLUMNS, LedgerRow, Price, quantize
 from gateway.ledger.prices import PriceVersion
 from gateway.ledger.rows import Row
@@ -36,35 +39,77 @@ _MERGE = (
 )
 
 
+class RowSink:
+    """The ledger writer's way into the database: one connection held from batch to batch.
+
+    Checking a connection out of the pool for every batch (its liveness ping, and the
+    rollback when it goes back) cost more gateway CPU than COPYing a batch of a few hundred
+    rows. A connection whose write failed in any way is dropped; the next batch opens a
+    fresh one (so a restarted database is picked up like with the pool's ping).
+    """
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self._engine = engine
+        self._conn: AsyncConnection | None = None
+        self._pg: asyncpg.Connection | None = None
+
+    async def insert(self, rows: Sequence[Row]) -> list[Row]:
+        """Write a batch atomically; returns the rows that were new (as insert_rows)."""
+        try:
+            if self._conn is None:
+                self._conn = await self._engine.connect()
+                if self._conn.dialect.name == "postgresql":
+                    self._pg = await _driver(self._conn)
+            if self._pg is not None:
+                return _new_rows(rows, await _copy_rows(self._pg, rows))
+            return await _insert_sqlite(self._conn, rows)
+        except BaseException:
+            await self.aclose(broken=True)
+            raise
+
+    async def aclose(self, broken: bool = False) -> None:
+        conn, self._conn, self._pg = self._conn, None, None
+        if conn is None:
+            return
+        with contextlib.suppress(*DB_ERRORS):
+            if broken:
+                await conn.invalidate()  # never back into the pool: its state is unknown
+            await conn.close()
+
+
 async def insert_rows(engine: AsyncEngine, rows: Sequence[Row]) -> list[Row]:
-    """Write a batch in one transaction; returns the rows that were new.
+    """Write a batch atomically; returns the rows that were new.
 
     A row whose request_id the ledger already holds (a replay after a commit whose reply
     was lost) is skipped and left out of the result, so nothing downstream counts it twice.
     """
     async with engine.connect() as conn:
         if conn.dialect.name == "postgresql":
-            new = await _copy_rows(conn, rows)
-            if new is None:
-                return list(rows)
-        else:
-            stmt = sqlite.insert(LedgerRow).on_conflict_do_nothing(index_elements=["request_id"])
-            result = await conn.execute(
-                stmt.returning(LedgerRow.request_id), [r.values() for r in rows]
-            )
-            new = set(result.scalars().all())
-            await conn.commit()
-    return list(rows) if len(new) == len(rows) else [r for r in rows if r.request_id in new]
+            return _new_rows(rows, await _copy_rows(await _driver(conn), rows))
+        return await _insert_sqlite(conn, rows)
 
 
-async def _copy_rows(conn: AsyncConnection, rows: Sequence[Row]) -> set[str] | None:
-    """COPY the batch; None when every row was new, else the request ids that were."""
+def _new_rows(rows: Sequence[Row], new: set[str] | None) -> list[Row]:
+    if new is None or len(new) == len(rows):
+        return list(rows)
+    return [r for r in rows if r.request_id in new]
+
+
+async def _driver(conn: AsyncConnection) -> asyncpg.Connection:
     raw = await conn.get_raw_connection()
     pg = raw.driver_connection
-    assert pg is not None
+    assert isinstance(pg, asyncpg.Connection)
+    return pg
+
+
+async def _copy_rows(pg: asyncpg.Connection, rows: Sequence[Row]) -> set[str] | None:
+    """COPY the batch; None when every row was new, else the request ids that were.
+
+    A lone COPY is a transaction of its own (all rows or none), so the common path needs
+    no BEGIN and COMMIT round trips.
+    """
     try:
-        async with pg.transaction():
-            await pg.copy_records_to_table("ledger", records=rows, columns=ROW_COLUMNS)
+        await pg.copy_records_to_table("ledger", records=rows, columns=ROW_COLUMNS)
         return None
     except asyncpg.UniqueViolationError:
         pass  # some rows are in already: merge the batch, skipping those
@@ -72,6 +117,14 @@ async def _copy_rows(conn: AsyncConnection, rows: Sequence[Row]) -> set[str] | N
         await pg.execute(_STAGE)
         await pg.copy_records_to_table("ledger_stage", records=rows, columns=ROW_COLUMNS)
         return {r[0] for r in await pg.fetch(_MERGE)}
+
+
+async def _insert_sqlite(conn: AsyncConnection, rows: Sequence[Row]) -> list[Row]:
+    stmt = sqlite.insert(LedgerRow).on_conflict_do_nothing(index_elements=["request_id"])
+    result = await conn.execute(stmt.returning(LedgerRow.request_id), [r.values() for r in rows])
+    new = set(result.scalars().all())
+    await conn.commit()
+    return _new_rows(rows, new)
 
 
 async def load_prices(engine: AsyncEngine) -> list[PriceVersion]:

@@ -28,7 +28,7 @@ from gateway.ledger.db import DB_ERRORS
 from gateway.ledger.metrics import LedgerMetrics
 from gateway.ledger.rows import Row, done_wall
 from gateway.ledger.spool import Spool
-from gateway.ledger.store import insert_rows
+from gateway.ledger.store import RowSink
 from gateway.settings import LedgerSettings
 
 log = logging.getLogger(__name__)
@@ -50,7 +50,7 @@ class LedgerWriter:
         metrics: LedgerMetrics,
         on_written: OnWritten | None = None,
     ) -> None:
-        self._engine = engine
+        self._sink = RowSink(engine)
         self._spool = spool
         self._settings = settings
         self._metrics = metrics
@@ -97,6 +97,7 @@ class LedgerWriter:
             batch = self._take()
             if self._spool.rows or not await self._write(batch):
                 await self._to_spool(batch)
+        await self._sink.aclose()
 
     def _may_retry(self) -> bool:
         return time.monotonic() >= self._next_attempt
@@ -140,7 +141,7 @@ class LedgerWriter:
     async def _write(self, rows: list[Row]) -> bool:
         """Insert one batch; False (and a longer backoff) if the database failed."""
         try:
-            new = await insert_rows(self._engine, rows)
+            new = await self._sink.insert(rows)
         except DB_ERRORS as exc:
             self._metrics.write_failures.inc()
             if not self._retry:
@@ -150,7 +151,7 @@ class LedgerWriter:
             return False
         self._retry = 0.0
         self._metrics.rows_written.inc(len(new))
-        self._metrics.lag.set(max(time.time() - min(done_wall(r) for r in rows), 0.0))
+        self._metrics.lag.set(max(time.time() - done_wall(rows[0]), 0.0))  # queued first: oldest
         if self._on_written is not None and new:
             self._on_written(new)
         return True
