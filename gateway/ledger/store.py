@@ -106,16 +106,18 @@ async def _copy_rows(pg: asyncpg.Connection, rows: Sequence[Row]) -> set[str] | 
     """COPY the batch; None when every row was new, else the request ids that were.
 
     A lone COPY is a transaction of its own (all rows or none), so the common path needs
-    no BEGIN and COMMIT round trips.
+    no BEGIN and COMMIT round trips. Rows go as plain tuples: asyncpg indexes a tuple
+    subclass through Python's __getitem__, which made the COPY 1.6x as costly.
     """
+    records = list(map(tuple, rows))
     try:
-        await pg.copy_records_to_table("ledger", records=rows, columns=ROW_COLUMNS)
+        await pg.copy_records_to_table("ledger", records=records, columns=ROW_COLUMNS)
         return None
     except asyncpg.UniqueViolationError:
         pass  # some rows are in already: merge the batch, skipping those
     async with pg.transaction():
         await pg.execute(_STAGE)
-        await pg.copy_records_to_table("ledger_stage", records=rows, columns=ROW_COLUMNS)
+        await pg.copy_records_to_table("ledger_stage", records=records, columns=ROW_COLUMNS)
         return {r[0] for r in await pg.fetch(_MERGE)}
 
 
