@@ -63,47 +63,59 @@ class Row(NamedTuple):
         return self._asdict()
 
 
-def _cut(name: str, value: str | None) -> str | None:
-    return None if value is None else value[: _LENGTHS[name]]
+_ID, _KEY, _TEAM, _MODEL, _BACKEND, _ERROR = (
+    _LENGTHS[n] for n in ("request_id", "key_id", "team", "model", "backend", "error_type")
+)
+_new_row = tuple.__new__
+"""Builds a Row from a ready tuple in C (Row(...) runs a Python-level __new__)."""
 
 
-def _count(n: int) -> int:
-    return n if 0 <= n <= MAX_INT else min(max(n, 0), MAX_INT)
+def _clamped(n: int) -> int:
+    return min(max(n, 0), MAX_INT)
 
 
 def ledger_row(call: Call, cost: Cost) -> Row:
+    """The call's row, written flat: it runs for every call on the event loop, and a
+    Python-level helper per string and count (a dozen calls) made it 1.2x as costly
+    (27k instead of 23k instructions under callgrind, 2.2 instead of 1.8 us)."""
     usage = call.usage or _NO_USAGE
-    principal, route, request = call.principal or ANONYMOUS, call.route, call.request
-    return Row(
-        call.id[: _LENGTHS["request_id"]],
-        datetime.fromtimestamp(call.received_wall, UTC),
-        _cut("key_id", principal.key_id),
-        _cut("team", principal.team),
-        _cut("model", call.model),
-        _cut("backend", route.backend) if route else None,
-        request.endpoint if request else "unknown",
-        bool(request and request.stream),
-        min(max(call.status, 0), 32767),
-        _cut("error_type", call.error_type),
-        route.decision if route else None,
-        call.served_by,
-        call.disconnected,
-        usage.estimated,
-        _count(usage.prompt_tokens),
-        _count(standard_input_tokens(usage)),
-        _count(usage.cached_tokens),
-        _count(usage.cache_write_tokens),
-        _count(usage.completion_tokens),
-        _count(route.predicted_cached_tokens) if route else 0,
-        cost.price_id,
-        cost.input,
-        cost.cached_input,
-        cost.cache_write,
-        cost.output,
-        cost.total,
-        cost.without_cache,
-        call.ttft,
-        call.latency,
+    principal = call.principal or ANONYMOUS
+    route, request = call.route, call.request
+    key, team, error = principal.key_id, principal.team, call.error_type
+    counts = (usage.prompt_tokens, standard_input_tokens(usage), usage.cached_tokens,
+              usage.cache_write_tokens, usage.completion_tokens,
+              route.predicted_cached_tokens if route else 0)  # fmt: skip
+    if not 0 <= min(counts) <= max(counts) <= MAX_INT:
+        counts = tuple(map(_clamped, counts))
+    received, first_byte, done = call.received_at, call.first_byte_at, call.done_at
+    return _new_row(
+        Row,
+        (
+            call.id[:_ID],
+            datetime.fromtimestamp(call.received_wall, UTC),
+            key and key[:_KEY],
+            team and team[:_TEAM],
+            request.model[:_MODEL] if request else None,
+            route.backend[:_BACKEND] if route else None,
+            request.endpoint if request else "unknown",
+            request.stream if request else False,
+            min(max(call.status, 0), 32767),
+            error and error[:_ERROR],
+            route.decision if route else None,
+            call.served_by,
+            call.disconnected,
+            usage.estimated,
+            *counts,
+            cost.price_id,
+            cost.input,
+            cost.cached_input,
+            cost.cache_write,
+            cost.output,
+            cost.total,
+            cost.without_cache,
+            None if first_byte is None else first_byte - received,
+            None if done is None else done - received,
+        ),
     )
 
 
