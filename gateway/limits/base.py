@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
-from typing import Literal, Protocol
+from typing import Literal, NamedTuple, Protocol
 
 from gateway.flow import Period
 from gateway.ledger.models import SCALE
@@ -99,9 +99,9 @@ class Plan:
     """Spend counters the call's cost goes to (day and month of key and team)."""
 
 
-@dataclass(slots=True, frozen=True)
-class Window:
-    """A bucket's state after the call, for the x-ratelimit-* headers."""
+class Window(NamedTuple):
+    """A bucket's state after the call, for the x-ratelimit-* headers (a tuple: one is
+    built per bucket on every call)."""
 
     bucket: Bucket
     remaining: int

@@ -35,6 +35,7 @@ from gateway.limits.base import (
     Scope,
     Seed,
     Verdict,
+    Window,
     period_end,
     period_id,
     to_units,
@@ -105,16 +106,20 @@ def plan_for(p: Principal, day: int) -> Plan:
 
 
 def ratelimit_headers(verdict: Verdict) -> dict[str, str]:
-    """OpenAI's x-ratelimit-* headers, from the bucket of each kind with the least room."""
+    """OpenAI's x-ratelimit-* headers, from the bucket of each kind with the least room
+    (one pass: this runs on every call)."""
+    tightest: dict[str, Window] = {}
+    for w in verdict.windows:
+        t = tightest.get(w.bucket.kind)
+        if t is None or (w.remaining, -w.reset) < (t.remaining, -t.reset):
+            tightest[w.bucket.kind] = w
     out: dict[str, str] = {}
     for kind in ("requests", "tokens"):
-        windows = [w for w in verdict.windows if w.bucket.kind == kind]
-        if not windows:
-            continue
-        w = min(windows, key=lambda w: (w.remaining, -w.reset))
-        out[f"x-ratelimit-limit-{kind}"] = str(w.bucket.limit)
-        out[f"x-ratelimit-remaining-{kind}"] = str(w.remaining)
-        out[f"x-ratelimit-reset-{kind}"] = duration(w.reset)
+        w = tightest.get(kind)
+        if w is not None:
+            out[f"x-ratelimit-limit-{kind}"] = str(w.bucket.limit)
+            out[f"x-ratelimit-remaining-{kind}"] = str(w.remaining)
+            out[f"x-ratelimit-reset-{kind}"] = duration(w.reset)
     return out
 
 

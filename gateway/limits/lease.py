@@ -1,0 +1,90 @@
+"""Quota leases: a replica's local share of a shared bucket, and its view of shared spend.
+
+The Redis limiter does not ask Redis about every call. It asks for a *grant*: the call's
+own cost plus some extra units of the bucket, charged to the shared bucket at once, and
+spends the extra locally until it runs low (then it asks again, before it runs out). This
+module is that bookkeeping, free of I/O, so the policy can be read and tested on its own.
+
+Grant size: about a second of the bucket's refill (limit / 60) when the bucket has room,
+never more than a quarter of what remains after the call's own cost, and nothing extra
+when little remains: near the limit every call is one round trip and exact, as without
+leases. Units are never created here, only moved: the shared bucket is charged for every
+unit a replica holds, so a limit is never exceeded; the price is that units one replica
+holds and does not use are unavailable to the others until they go back (at the latest
+``period`` after the grant, and at shutdown).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gateway.limits.base import WINDOW
+
+SHARE = 4
+"""A grant's extra is at most 1/SHARE of what the bucket holds after the call's own cost."""
+
+
+def target(limit: int) -> int:
+    """Extra units worth holding: a second of refill (0 below 60 a minute: no leasing)."""
+    return limit // 60
+
+
+@dataclass(slots=True)
+class Lease:
+    """One bucket's units held by this replica (a ``Redis key`` -> Lease map holds them)."""
+
+    limit: int
+    target: int = field(init=False)
+    """Units worth holding (``target(limit)``; 0: every call asks Redis)."""
+    held: int = 0
+    """Units granted and not yet spent (refunded tokens come back here too)."""
+    expires: float = 0.0
+    """Monotonic time after which ``held`` must go back to the bucket, unspent."""
+    asking: bool = False
+    """A grant with extra is on its way: others ask for their own cost only."""
+    remaining: int = 0
+    """The shared bucket's room after the last grant (for the headers)."""
+    reset: float = 0.0
+    """Seconds the shared bucket needed then to be full again."""
+
+    def __post_init__(self) -> None:
+        self.target = target(self.limit)
+
+    def live(self, now: float) -> bool:
+        return now < self.expires
+
+    def low(self, now: float, period: float) -> bool:
+        """Worth topping up before it runs out: under half its target, or half its life gone."""
+        if self.asking or self.target == 0:
+            return False
+        return self.held * 2 < self.target or self.expires - now < period / 2
+
+    def granted(self, units: int, remaining: int, reset: float, now: float, period: float) -> None:
+        self.remaining, self.reset = remaining, reset
+        if units:
+            self.held += units
+            self.expires = now + period
+
+    def extra(self) -> int:
+        """What to ask for beyond the call's cost, to top the lease up to its target."""
+        return max(self.target - self.held, 0)
+
+    def window(self) -> tuple[int, float]:
+        """(remaining, reset) as the headers show them: the bucket as if the lease were spent
+        back into it (what the bucket held at the last grant plus what is still held here)."""
+        step = WINDOW / self.limit
+        return min(self.remaining + self.held, self.limit), max(self.reset - self.held * step, 0.0)
+
+
+@dataclass(slots=True)
+class SpendView:
+    """A spend counter as this replica last read it, plus its own spend since."""
+
+    base: int
+    """The counter's value in Redis, read after every settle this replica had sent."""
+    mark: int
+    """This replica's spend total for the counter when the read was sent."""
+    read_at: float
+
+    def value(self, own_total: int) -> int:
+        return self.base + own_total - self.mark
