@@ -16,6 +16,7 @@ holds and does not use are unavailable to the others until they go back (at the 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from gateway.limits.base import WINDOW
@@ -49,6 +50,7 @@ class Lease:
 
     def __post_init__(self) -> None:
         self.target = target(self.limit)
+        self.remaining = self.limit  # not seen yet: as full as it may be
 
     def live(self, now: float) -> bool:
         return now < self.expires
@@ -80,11 +82,13 @@ class Lease:
 class SpendView:
     """A spend counter as this replica last read it, plus its own spend since."""
 
-    base: int
+    base: int = 0
     """The counter's value in Redis, read after every settle this replica had sent."""
-    mark: int
-    """This replica's spend total for the counter when the read was sent."""
-    read_at: float
+    mark: int = 0
+    """``own`` when that read was sent."""
+    read_at: float = -math.inf
+    own: int = 0
+    """Every unit of spend this replica has settled to the counter."""
 
-    def value(self, own_total: int) -> int:
-        return self.base + own_total - self.mark
+    def value(self) -> int:
+        return self.base + self.own - self.mark

@@ -38,8 +38,7 @@ import contextlib
 import logging
 import math
 import time
-from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -88,8 +87,8 @@ class RedisLimiter:
         self._pending: dict[tuple[str, ...], list[Any]] = {}
         self._leases: dict[str, Lease] = {}
         self._views: dict[str, SpendView] = {}
-        self._own: defaultdict[str, int] = defaultdict(int)
-        """Counter key -> every unit of spend this replica has settled to it."""
+        """Bucket / counter key -> its lease / spend view; the shapes that use them keep
+        them too, so the hot path looks nothing up."""
         self._expiry: dict[str, float] = {}
         """Period id -> epoch when its counters may go."""
         self._wake = asyncio.Event()
@@ -139,13 +138,13 @@ class RedisLimiter:
         charges: list[tuple[str, int, int]] = []
         if tokens:
             now = time.monotonic()
-            for key, limit in shape.tpm:
-                amount = self._reconcile(key, tokens, now)
+            for key, lease in shape.tpm:
+                amount = _reconcile(lease, tokens, now)
                 if amount:
-                    charges.append((key, amount, limit))
+                    charges.append((key, amount, lease.limit))
         if units:
-            for key in shape.spend_keys:
-                self._own[key] += units
+            for view in shape.spend_views:
+                view.own += units
         elif not charges:
             return
         keys = (*(key for key, _, _ in charges), *shape.spend_keys) if charges else shape.spend_keys
@@ -173,21 +172,17 @@ class RedisLimiter:
 
     def _local(self, shape: _Shape, tokens: int, now: float) -> Verdict | None:
         """The answer from what this replica holds, or None when it takes a round trip.
-        Plain loops: this runs on every call."""
-        for key, budget in shape.budgets:
-            view = self._views.get(key)
-            if view is None or now - view.read_at >= self._period:
+        Plain loops over the shape's own leases and views: this runs on every call."""
+        for _, budget, view in shape.budgets:
+            if now - view.read_at >= self._period:
                 return None
-            if view.value(self._own[key]) >= budget.limit:
+            if view.base + view.own - view.mark >= budget.limit:
                 return Verdict(False, self._windows(shape), budget, None)
-        leases = []
-        for key, _, tokens_kind in shape.buckets:
-            lease = self._leases.get(key)
-            if lease is None or lease.expires <= now or lease.held < (tokens if tokens_kind else 1):
+        for _, _, tokens_kind, lease in shape.buckets:
+            if lease.expires <= now or lease.held < (tokens if tokens_kind else 1):
                 return None
-            leases.append(lease)
         low, windows = False, []
-        for lease, (_, bucket, tokens_kind) in zip(leases, shape.buckets, strict=True):
+        for _, bucket, tokens_kind, lease in shape.buckets:
             lease.held -= tokens if tokens_kind else 1
             low = low or lease.low(now, self._period)
             windows.append(Window(bucket, *lease.window()))
@@ -200,17 +195,14 @@ class RedisLimiter:
         """Spend views past half their life, with no refresh on its way: refresh them now."""
         if shape.refreshing:
             return False
-        return any(now - self._views[key].read_at >= self._period / 2 for key, _ in shape.budgets)
+        return any(now - view.read_at >= self._period / 2 for _, _, view in shape.budgets)
 
     def _ask(
         self, shape: _Shape, tokens: int, now: float, done: asyncio.Future[Any] | None
     ) -> _Ask:
         """Queue a grant: a call's cost (what its leases cannot cover) plus top-ups."""
         ask = _Ask(shape, done)
-        for key, bucket, _ in shape.buckets:
-            lease = self._leases.get(key)
-            if lease is None or lease.limit != bucket.limit:
-                lease = self._leases[key] = Lease(bucket.limit)
+        for _, bucket, _, lease in shape.buckets:
             give = 0
             if not lease.live(now):
                 give, lease.held = lease.held, 0  # aged out: back to the bucket
@@ -224,26 +216,8 @@ class RedisLimiter:
         self._wake.set()
         return ask
 
-    def _reconcile(self, key: str, tokens: int, now: float) -> int:
-        """Settle a call's tokens against its lease; returns what Redis must still be told."""
-        lease = self._leases.get(key)
-        if lease is None or not lease.live(now) or not tokens:
-            return tokens
-        if tokens < 0:
-            lease.held -= tokens  # a refund: held here until used or given back
-            return 0
-        took = min(lease.held, tokens)
-        lease.held -= took
-        return tokens - took
-
     def _windows(self, shape: _Shape) -> tuple[Window, ...]:
-        out = []
-        for key, bucket, _ in shape.buckets:
-            lease = self._leases.get(key)
-            if lease is not None:
-                remaining, reset = lease.window()
-                out.append(Window(bucket, remaining, reset))
-        return tuple(out)
+        return tuple(Window(bucket, *lease.window()) for _, bucket, _, lease in shape.buckets)
 
     def _verdict(self, shape: _Shape, plan: Plan, code: int, which: int, wait: int) -> Verdict:
         windows = self._windows(shape)
@@ -295,7 +269,7 @@ class RedisLimiter:
         if not asks:
             self._last_settle = time.monotonic()  # only settles sent alone are paced
         commands = [(self._settle_sha, list(keys), args) for keys, args in settles]
-        marks = [[self._own[key] for key, _ in ask.shape.budgets] for ask in asks]
+        marks = [[view.own for _, _, view in ask.shape.budgets] for ask in asks]
         commands += [(self._grant_sha, ask.shape.grant_keys, [ask.render()]) for ask in asks]
         try:
             replies = await self._run(commands)
@@ -333,17 +307,16 @@ class RedisLimiter:
             ask.shape.refreshing = False
         nums = [int(x) for x in reply.split(b",")]
         code, n = nums[0], len(ask.buckets)
-        for i, (key, bucket, _) in enumerate(ask.shape.buckets):
+        for i, (_, _, _, lease) in enumerate(ask.shape.buckets):
             granted, remaining, reset = nums[3 + 3 * i : 6 + 3 * i]
-            lease = self._leases.setdefault(key, Lease(bucket.limit))
             _, more, _, took = ask.buckets[i]
             if more:
                 lease.asking = False
             if code != 0:
                 lease.held += took  # the call was refused: nothing it took is spent
             lease.granted(granted, remaining, reset / 1e6, now, self._period)
-        for j, (key, _) in enumerate(ask.shape.budgets):
-            self._views[key] = SpendView(nums[3 + 3 * n + j], marks[j], now)
+        for j, (_, _, view) in enumerate(ask.shape.budgets):
+            view.base, view.mark, view.read_at = nums[3 + 3 * n + j], marks[j], now
         if ask.done is not None and not ask.done.done():
             ask.done.set_result(nums[:3])
 
@@ -354,9 +327,8 @@ class RedisLimiter:
             ask.shape.refreshing = False
         elif not ask.done.done():
             ask.done.set_exception(exc)
-        for (key, _, _), (_, more, _, _) in zip(ask.shape.buckets, ask.buckets, strict=True):
-            lease = self._leases.get(key)
-            if more and lease is not None:
+        for (_, _, _, lease), (_, more, _, _) in zip(ask.shape.buckets, ask.buckets, strict=True):
+            if more:
                 lease.asking = False
 
     def _fail_asks(self, exc: BaseException) -> None:
@@ -365,14 +337,12 @@ class RedisLimiter:
             self._reject(ask, exc)
 
     def _return_leases(self, force: bool) -> None:
-        """Give back what aged out unspent (everything, at shutdown); forget idle leases."""
+        """Give back what aged out unspent (everything, at shutdown)."""
         now = time.monotonic()
-        for key, lease in list(self._leases.items()):
-            if lease.asking or (lease.live(now) and not force):
-                continue
-            if lease.held:
+        for key, lease in self._leases.items():
+            if lease.held and not lease.asking and (force or not lease.live(now)):
                 self._add((key,), [(key, -lease.held, lease.limit)], 0, ())
-            del self._leases[key]
+                lease.held = 0
 
     def _add(
         self,
@@ -416,23 +386,57 @@ class RedisLimiter:
         return max(math.ceil(gone - time.time()), 1)
 
     def _shape(self, plan: Plan) -> _Shape:
-        """The plan's key names, built once per plan (key and day). Found by identity:
-        hashing a plan costs more than the rest of a local answer, and the stage hands
-        out the same Plan object for a key all day (the shape keeps it, so its id stays)."""
+        """The plan's keys, leases and views, built once per plan (key and day). Found by
+        identity: hashing a plan costs more than the rest of a local answer, and the stage
+        hands out the same Plan object for a key all day (the shape keeps it: its id stays)."""
         shape = self._shapes.get(id(plan))
         if shape is None or shape.plan is not plan:
             if len(self._shapes) >= SHAPES:
-                self._shapes.clear()
                 self._forget()
-            shape = self._shapes[id(plan)] = _Shape.of(plan, self._bucket, self._counter)
+            shape = self._shapes[id(plan)] = self._new_shape(plan)
         return shape
 
+    def _new_shape(self, plan: Plan) -> _Shape:
+        buckets = tuple(
+            (key, b, b.kind == "tokens", self._lease(key, b.limit))
+            for b in plan.buckets
+            for key in (self._bucket(plan.tag, b),)
+        )
+        spend_keys = tuple(self._counter(plan.tag, c) for c in plan.counters)
+        budgets = tuple(
+            (key, b, self._views.setdefault(key, SpendView()))
+            for b in plan.budgets
+            for key in (self._counter(plan.tag, b.counter),)
+        )
+        return _Shape(
+            plan=plan,
+            buckets=buckets,
+            budgets=budgets,
+            tpm=tuple((key, lease) for key, _, tokens, lease in buckets if tokens),
+            spend_keys=spend_keys,
+            spend_views=tuple(self._views.setdefault(key, SpendView()) for key in spend_keys),
+            period_ids=tuple(c.period_id for c in plan.counters),
+            grant_keys=[key for key, *_ in buckets] + [key for key, *_ in budgets],
+        )
+
+    def _lease(self, key: str, limit: int) -> Lease:
+        """The bucket's lease (a new one when its limit changed: the old one's units go back)."""
+        lease = self._leases.get(key)
+        if lease is None or lease.limit != limit:
+            if lease is not None and lease.held:
+                self._add((key,), [(key, -lease.held, lease.limit)], 0, ())
+                lease.held = 0
+            lease = self._leases[key] = Lease(limit)
+        return lease
+
     def _forget(self) -> None:
-        """Bound the per-key state: spend views and own totals go together (a view's mark
-        counts in its own total); idle leases go back when they age out anyway."""
-        if not self._asks and not self._inflight:
-            self._views.clear()
-            self._own.clear()
+        """Bound the per-key state: shapes, leases (their units go back first) and views
+        start afresh. Grants on their way land in the old objects and are lost, which only
+        keeps their units away until the buckets refill."""
+        self._return_leases(force=True)
+        self._shapes.clear()
+        self._leases.clear()
+        self._views.clear()
 
     def _bucket(self, tag: str, b: Bucket) -> str:
         return f"{self._prefix}rl:{{{tag}}}:{b.scope}:{b.owner}:{b.kind}"
@@ -458,38 +462,23 @@ class RedisLimiter:
 
 @dataclass(slots=True)
 class _Shape:
+    """A plan as the Redis limiter works with it."""
+
     plan: Plan
-    buckets: tuple[tuple[str, Bucket, bool], ...]
-    """Per bucket: its key, itself, and whether it counts tokens (else requests)."""
-    budgets: tuple[tuple[str, Budget], ...]
-    """Per budget: the key of the counter it reads, and itself."""
-    tpm: tuple[tuple[str, int], ...]
-    """Per token bucket: its key and limit."""
+    buckets: tuple[tuple[str, Bucket, bool, Lease], ...]
+    """Per bucket: its key, itself, whether it counts tokens (else requests), its lease."""
+    budgets: tuple[tuple[str, Budget, SpendView], ...]
+    """Per budget: the key of the counter it reads, itself, and the counter's view."""
+    tpm: tuple[tuple[str, Lease], ...]
+    """The token buckets' keys and leases."""
     spend_keys: tuple[str, ...]
-    """Every counter the call's spend goes to."""
+    """Every counter the call's spend goes to..."""
+    spend_views: tuple[SpendView, ...]
+    """...and their views (this replica's own spend is counted in them)."""
     period_ids: tuple[str, ...]
     grant_keys: list[str]
     refreshing: bool = False
     """A top-up of this plan's leases and spend views is on its way."""
-
-    @classmethod
-    def of(
-        cls,
-        plan: Plan,
-        bucket: Callable[[str, Bucket], str],
-        counter: Callable[[str, Counter], str],
-    ) -> _Shape:
-        buckets = tuple((bucket(plan.tag, b), b, b.kind == "tokens") for b in plan.buckets)
-        budgets = tuple((counter(plan.tag, b.counter), b) for b in plan.budgets)
-        return cls(
-            plan=plan,
-            buckets=buckets,
-            budgets=budgets,
-            tpm=tuple((key, b.limit) for key, b, tokens in buckets if tokens),
-            spend_keys=tuple(counter(plan.tag, c) for c in plan.counters),
-            period_ids=tuple(c.period_id for c in plan.counters),
-            grant_keys=[key for key, _, _ in buckets] + [key for key, _ in budgets],
-        )
 
 
 @dataclass(slots=True)
@@ -507,3 +496,15 @@ class _Ask:
             nums += (b.limit, need, more, give)
         nums += [budget.limit for budget in self.shape.plan.budgets]
         return ",".join(map(str, nums))
+
+
+def _reconcile(lease: Lease, tokens: int, now: float) -> int:
+    """Settle a call's tokens against its lease; returns what Redis must still be told."""
+    if not lease.live(now):
+        return tokens
+    if tokens < 0:
+        lease.held -= tokens  # a refund: held here until used or given back
+        return 0
+    took = min(lease.held, tokens)
+    lease.held -= took
+    return tokens - took

@@ -52,7 +52,7 @@ async def admit(call: Call, body_bytes: int, limiter: Limiter) -> None:
     verdict = await limiter.admit(plan, reserved)
     if not verdict.allowed:
         raise refusal(verdict, reserved, limiter)
-    call.quota = Quota(reserved_tokens=reserved, headers=ratelimit_headers(verdict))
+    call.quota = Quota(reserved, ratelimit_headers(verdict), plan)
 
 
 def settle(call: Call, limiter: Limiter) -> None:
@@ -62,8 +62,7 @@ def settle(call: Call, limiter: Limiter) -> None:
     u = call.usage
     used = u.prompt_tokens + u.completion_tokens if u else 0
     units = to_units(call.cost.total) if call.cost else 0
-    plan = plan_for(call.principal, _day(call))
-    limiter.settle(plan, used - call.quota.reserved_tokens, units)
+    limiter.settle(call.quota.plan, used - call.quota.reserved_tokens, units)
 
 
 def estimate_tokens(call: Call, body_bytes: int) -> int:

@@ -53,6 +53,7 @@ def test_headers_count_the_units_held_here_as_the_buckets() -> None:
 
 
 def test_a_spend_view_adds_this_replicas_spend_since_the_read() -> None:
-    view = SpendView(base=1_000, mark=300, read_at=0.0)
-    assert view.value(300) == 1_000
-    assert view.value(450) == 1_150
+    view = SpendView(base=1_000, mark=300, read_at=0.0, own=300)
+    assert view.value() == 1_000
+    view.own += 150
+    assert view.value() == 1_150
