@@ -5,8 +5,9 @@ a limit of L per minute refills continuously at L/60 per second and holds at mos
 minute's worth, so a fresh key may burst up to L at once, as OpenAI's limits behave.
 A call passes only if every bucket it touches has room and no budget is spent; then, and
 only then, all its buckets are charged (all or nothing). The in-process limiter runs this
-module's Python; the Redis one runs the same steps in Lua, and contract tests hold both to
-the same answers.
+module's Python; the Redis one runs the same steps in Lua on grants of units that its
+replica then spends locally (lease.py), and contract tests hold both to the same answers
+wherever the leases make no stated difference.
 
 Budgets are spend counters per key and per team and per UTC day and month, in integer
 units of 1e-10 USD (the ledger's scale, so they add up exactly). A call is refused once

@@ -17,9 +17,12 @@ refill, and a quarter of what the bucket held, per bucket) are unavailable to th
 for at most ``redis.lease_period``, after which they go back (at shutdown too).
 
 Budgets are checked against a local view of each spend counter: its value as the last
-grant read it plus this replica's own spend since. So one replica is exact (the call that
-crosses a budget is served and the next refused), and across replicas a refusal comes at
-most ``lease_period + settle_interval`` of the other replicas' spend late.
+grant read it (refreshed at least every ``lease_period``) plus this replica's own spend
+since. So one replica is exact (the call that crosses a budget is served and metered, the
+next refused); another replica sees that spend within ``settle_interval + lease_period``,
+so across replicas a budget can be overrun by what the others serve in that time.
+Tokens refunded after a call stay in the lease (they were charged to the shared bucket)
+until used or given back.
 
 One sender task talks to Redis: every pipeline carries the grants asked for since the last
 one (concurrent calls share a round trip) and, before them, every settle waiting (spend

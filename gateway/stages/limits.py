@@ -1,4 +1,4 @@
-"""Rate limits and budgets for a keyed call: one limiter round trip before, a settle after.
+"""Rate limits and budgets for a keyed call: a limiter check before, a settle after.
 
 Tokens per minute are reserved up front and reconciled after the call: the check charges
 the prompt (the prefix stage's exact count, or body bytes / 4 for embeddings) plus
