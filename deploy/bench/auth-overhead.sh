@@ -1,11 +1,16 @@
 #!/bin/bash
 # Throughput with auth + limits on vs off: two gateways, identical but for auth.enabled,
 # each in front of its own instant simulator, sharing Postgres (ledger) and Redis.
-# Usage: deploy/bench/auth-overhead.sh   (Postgres and Redis on 127.0.0.1; ports 187xx)
+# Usage: [ROUNDS=N] [REQUESTS=N] deploy/bench/auth-overhead.sh   (Postgres and Redis on
+# 127.0.0.1; ports 187xx). Each round runs both orders (off-on, on-off) and prints each
+# gateway process's CPU time per request, which other load on the machine disturbs less
+# than requests per second.
 set -e
 G=${GATEWAY:-gateway}
 SIMARGS=${SIMARGS:---instant}
 CONC=${CONC:-16}
+ROUNDS=${ROUNDS:-1}
+REQUESTS=${REQUESTS:-3000}
 TEAMLIMITS=${TEAMLIMITS:---rpm 1000000 --tpm 100000000 --budget 1000000}
 KEYLIMITS=${KEYLIMITS:---rpm 1000000 --tpm 100000000 --budget 1000000}
 WORK=$(mktemp -d /tmp/gw-auth-bench-XXXXXX)
@@ -40,13 +45,14 @@ sleep 8
 $G keys teams create bench $TEAMLIMITS --config on.yaml > /dev/null
 KEY=$($G keys create --team bench $KEYLIMITS --config on.yaml 2>/dev/null | python3 -c "import sys,json;print(json.load(sys.stdin)['key'])")
 curl -sf -o /dev/null http://127.0.0.1:18712/v1/chat/completions -H "authorization: Bearer $KEY" -H 'content-type: application/json' -d '{"model":"sim-model","messages":[{"role":"user","content":"hi"}],"max_tokens":2}' && echo "key works"
-for order in "off on" "on off"; do
+for order in $(for _ in $(seq $ROUNDS); do echo off,on on,off; done); do
+  order=${order/,/ }
   set -- $order
   args=()
   for s in $order; do args+=(--target "$s=http://127.0.0.1:$([ $s = off ] && echo 18711 || echo 18712)/v1"); done
   cpu() { awk '{print $14+$15}' /proc/$1/stat; }
   a0=$(cpu $OFFPID); b0=$(cpu $ONPID)
-  $G bench compare "${args[@]}" --api-key "$KEY" --workload tiny --concurrency $CONC --requests 3000 --warmup 50 --no-progress
+  $G bench compare "${args[@]}" --api-key "$KEY" --workload tiny --concurrency $CONC --requests $REQUESTS --warmup 50 --no-progress
   a1=$(cpu $OFFPID); b1=$(cpu $ONPID)
-  echo "CPU ticks (1/100 s) for 3000 requests: off $((a1-a0)) on $((b1-b0))"
+  echo "gateway CPU per request (us): off $(( (a1-a0) * 10000 / REQUESTS )) on $(( (b1-b0) * 10000 / REQUESTS ))"
 done

@@ -196,9 +196,11 @@ class RedisLimiter:
 
     def _stale(self, shape: _Shape, now: float) -> bool:
         """Spend views past half their life, with no refresh on its way: refresh them now."""
-        if shape.refreshing:
-            return False
-        return any(now - view.read_at >= self._period / 2 for _, _, view in shape.budgets)
+        if not shape.refreshing:
+            for _, _, view in shape.budgets:
+                if now - view.read_at >= self._period / 2:
+                    return True
+        return False
 
     def _ask(
         self, shape: _Shape, tokens: int, now: float, done: asyncio.Future[Any] | None
