@@ -3,7 +3,9 @@
 The Redis limiter does not ask Redis about every call. It asks for a *grant*: the call's
 own cost plus some extra units of the bucket, charged to the shared bucket at once, and
 spends the extra locally until it runs low (then it asks again, before it runs out). This
-module is that bookkeeping, free of I/O, so the policy can be read and tested on its own.
+module is that bookkeeping, free of I/O, so the policy can be read and tested on its own:
+a Lease per bucket, a SpendView per spend counter, a Shape per plan (holding the leases
+and views its calls use) and an Ask per grant on its way (GRANT's argument, lua.py).
 
 Grant size: about a second of the bucket's refill (limit / 60) when the bucket has room,
 never more than a quarter of what remains after the call's own cost, and nothing extra
@@ -16,10 +18,12 @@ holds and does not use are unavailable to the others until they go back (at the 
 
 from __future__ import annotations
 
+import asyncio
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
-from gateway.limits.base import WINDOW
+from gateway.limits.base import WINDOW, Bucket, Budget, Plan
 
 SHARE = 4
 """A grant's extra is at most 1/SHARE of what the bucket holds after the call's own cost."""
@@ -67,6 +71,17 @@ class Lease:
             self.held += units
             self.expires = now + period
 
+    def reconcile(self, tokens: int, now: float) -> int:
+        """Settle a call's tokens against the lease; returns what Redis must still be told."""
+        if not self.live(now):
+            return tokens
+        if tokens < 0:
+            self.held -= tokens  # a refund: held here until used or given back
+            return 0
+        took = min(self.held, tokens)
+        self.held -= took
+        return tokens - took
+
     def extra(self) -> int:
         """What to ask for beyond the call's cost, to top the lease up to its target."""
         return max(self.target - self.held, 0)
@@ -92,3 +107,43 @@ class SpendView:
 
     def value(self) -> int:
         return self.base + self.own - self.mark
+
+
+@dataclass(slots=True)
+class Shape:
+    """A plan as the Redis limiter works with it."""
+
+    plan: Plan
+    buckets: tuple[tuple[str, Bucket, bool, Lease], ...]
+    """Per bucket: its key, itself, whether it counts tokens (else requests), its lease."""
+    budgets: tuple[tuple[str, Budget, SpendView], ...]
+    """Per budget: the key of the counter it reads, itself, and the counter's view."""
+    tpm: tuple[tuple[str, Lease], ...]
+    """The token buckets' keys and leases."""
+    spend_keys: tuple[str, ...]
+    """Every counter the call's spend goes to..."""
+    spend_views: tuple[SpendView, ...]
+    """...and their views (this replica's own spend is counted in them)."""
+    period_ids: tuple[str, ...]
+    grant_keys: list[str]
+    refreshing: bool = False
+    """A top-up of this plan's leases and spend views is on its way."""
+
+
+@dataclass(slots=True)
+class Ask:
+    """One grant on its way: for a call (``done`` set) or a top-up (no one waits)."""
+
+    shape: Shape
+    done: asyncio.Future[Any] | None
+    buckets: list[tuple[int, int, int, int]] = field(default_factory=list)
+    """Per bucket: (need from Redis, extra, give back, taken from the lease)."""
+
+    def render(self) -> str:
+        """GRANT's one argument: "n", then "limit,need,extra,give" per bucket, then the
+        budgets' limits."""
+        nums = [len(self.buckets)]
+        for b, (need, more, give, _) in zip(self.shape.plan.buckets, self.buckets, strict=True):
+            nums += (b.limit, need, more, give)
+        nums += [budget.limit for budget in self.shape.plan.budgets]
+        return ",".join(map(str, nums))

@@ -42,7 +42,6 @@ import logging
 import math
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -52,7 +51,6 @@ from redis.exceptions import NoScriptError, RedisError
 from gateway.limits.base import (
     ALLOW,
     Bucket,
-    Budget,
     Counter,
     Plan,
     Seed,
@@ -60,7 +58,7 @@ from gateway.limits.base import (
     Window,
     period_end,
 )
-from gateway.limits.lease import Lease, SpendView
+from gateway.limits.lease import Ask, Lease, Shape, SpendView
 from gateway.limits.lua import GRANT, SETTLE
 from gateway.limits.metrics import LimitMetrics
 from gateway.settings import RedisSettings
@@ -84,8 +82,8 @@ class RedisLimiter:
         self.metrics = metrics
         self._scripts = {s.sha: s for s in map(client.register_script, (GRANT, SETTLE))}
         self._grant_sha, self._settle_sha = list(self._scripts)
-        self._asks: list[_Ask] = []
-        self._inflight: list[_Ask] = []
+        self._asks: list[Ask] = []
+        self._inflight: list[Ask] = []
         """The grants of the round on its way (failed with it if it fails unexpectedly)."""
         self._pending: dict[tuple[str, ...], list[Any]] = {}
         self._leases: dict[str, Lease] = {}
@@ -100,7 +98,7 @@ class RedisLimiter:
         self._urgent = False
         self._last_settle = 0.0
         self._task: asyncio.Task[None] | None = None
-        self._shapes: dict[int, _Shape] = {}
+        self._shapes: dict[int, Shape] = {}
         self._retry_at = 0.0
         self._degraded = False
 
@@ -142,7 +140,7 @@ class RedisLimiter:
         if tokens:
             now = time.monotonic()
             for key, lease in shape.tpm:
-                amount = _reconcile(lease, tokens, now)
+                amount = lease.reconcile(tokens, now)
                 if amount:
                     charges.append((key, amount, lease.limit))
         if units:
@@ -173,7 +171,7 @@ class RedisLimiter:
 
     # -- the hot path: leases and spend views ------------------------------------------
 
-    def _local(self, shape: _Shape, tokens: int, now: float) -> Verdict | None:
+    def _local(self, shape: Shape, tokens: int, now: float) -> Verdict | None:
         """The answer from what this replica holds, or None when it takes a round trip.
         Plain loops over the shape's own leases and views: this runs on every call."""
         for _, budget, view in shape.budgets:
@@ -194,7 +192,7 @@ class RedisLimiter:
             self._ask(shape, 0, now, None)
         return Verdict(True, tuple(windows))
 
-    def _stale(self, shape: _Shape, now: float) -> bool:
+    def _stale(self, shape: Shape, now: float) -> bool:
         """Spend views past half their life, with no refresh on its way: refresh them now."""
         if not shape.refreshing:
             for _, _, view in shape.budgets:
@@ -202,11 +200,9 @@ class RedisLimiter:
                     return True
         return False
 
-    def _ask(
-        self, shape: _Shape, tokens: int, now: float, done: asyncio.Future[Any] | None
-    ) -> _Ask:
+    def _ask(self, shape: Shape, tokens: int, now: float, done: asyncio.Future[Any] | None) -> Ask:
         """Queue a grant: a call's cost (what its leases cannot cover) plus top-ups."""
-        ask = _Ask(shape, done)
+        ask = Ask(shape, done)
         for _, bucket, _, lease in shape.buckets:
             give = 0
             if not lease.live(now):
@@ -221,10 +217,10 @@ class RedisLimiter:
         self._wake.set()
         return ask
 
-    def _windows(self, shape: _Shape) -> tuple[Window, ...]:
+    def _windows(self, shape: Shape) -> tuple[Window, ...]:
         return tuple(Window(bucket, *lease.window()) for _, bucket, _, lease in shape.buckets)
 
-    def _verdict(self, shape: _Shape, plan: Plan, code: int, which: int, wait: int) -> Verdict:
+    def _verdict(self, shape: Shape, plan: Plan, code: int, which: int, wait: int) -> Verdict:
         windows = self._windows(shape)
         if code == 0:
             return Verdict(True, windows)
@@ -302,7 +298,7 @@ class RedisLimiter:
                 replies[i] = await self._scripts[sha](keys=keys, args=args)
         return replies
 
-    def _apply(self, ask: _Ask, marks: list[int], reply: Any, now: float) -> None:
+    def _apply(self, ask: Ask, marks: list[int], reply: Any, now: float) -> None:
         """A grant's answer: leases, spend views, then the waiting call (if it still waits)."""
         if isinstance(reply, Exception):
             self._failed(reply)
@@ -325,7 +321,7 @@ class RedisLimiter:
         if ask.done is not None and not ask.done.done():
             ask.done.set_result(nums[:3])
 
-    def _reject(self, ask: _Ask, exc: BaseException) -> None:
+    def _reject(self, ask: Ask, exc: BaseException) -> None:
         """A grant that failed: its top-ups are no longer on their way, its call passes
         (what it took from its leases stays spent)."""
         if ask.done is None:
@@ -390,7 +386,7 @@ class RedisLimiter:
             self._expiry[period_id] = gone
         return max(math.ceil(gone - time.time()), 1)
 
-    def _shape(self, plan: Plan) -> _Shape:
+    def _shape(self, plan: Plan) -> Shape:
         """The plan's keys, leases and views, built once per plan (key and day). Found by
         identity: hashing a plan costs more than the rest of a local answer, and the stage
         hands out the same Plan object for a key all day (the shape keeps it: its id stays)."""
@@ -401,7 +397,7 @@ class RedisLimiter:
             shape = self._shapes[id(plan)] = self._new_shape(plan)
         return shape
 
-    def _new_shape(self, plan: Plan) -> _Shape:
+    def _new_shape(self, plan: Plan) -> Shape:
         buckets = tuple(
             (key, b, b.kind == "tokens", self._lease(key, b.limit))
             for b in plan.buckets
@@ -413,7 +409,7 @@ class RedisLimiter:
             for b in plan.budgets
             for key in (self._counter(plan.tag, b.counter),)
         )
-        return _Shape(
+        return Shape(
             plan=plan,
             buckets=buckets,
             budgets=budgets,
@@ -463,53 +459,3 @@ class RedisLimiter:
             self._degraded = False
             self.metrics.degraded.set(0)
             log.warning("limits: Redis answers again; rate limits and budgets are enforced")
-
-
-@dataclass(slots=True)
-class _Shape:
-    """A plan as the Redis limiter works with it."""
-
-    plan: Plan
-    buckets: tuple[tuple[str, Bucket, bool, Lease], ...]
-    """Per bucket: its key, itself, whether it counts tokens (else requests), its lease."""
-    budgets: tuple[tuple[str, Budget, SpendView], ...]
-    """Per budget: the key of the counter it reads, itself, and the counter's view."""
-    tpm: tuple[tuple[str, Lease], ...]
-    """The token buckets' keys and leases."""
-    spend_keys: tuple[str, ...]
-    """Every counter the call's spend goes to..."""
-    spend_views: tuple[SpendView, ...]
-    """...and their views (this replica's own spend is counted in them)."""
-    period_ids: tuple[str, ...]
-    grant_keys: list[str]
-    refreshing: bool = False
-    """A top-up of this plan's leases and spend views is on its way."""
-
-
-@dataclass(slots=True)
-class _Ask:
-    """One grant on its way: for a call (``done`` set) or a top-up (no one waits)."""
-
-    shape: _Shape
-    done: asyncio.Future[Any] | None
-    buckets: list[tuple[int, int, int, int]] = field(default_factory=list)
-    """Per bucket: (need from Redis, extra, give back, taken from the lease)."""
-
-    def render(self) -> str:
-        nums = [len(self.buckets)]
-        for b, (need, more, give, _) in zip(self.shape.plan.buckets, self.buckets, strict=True):
-            nums += (b.limit, need, more, give)
-        nums += [budget.limit for budget in self.shape.plan.budgets]
-        return ",".join(map(str, nums))
-
-
-def _reconcile(lease: Lease, tokens: int, now: float) -> int:
-    """Settle a call's tokens against its lease; returns what Redis must still be told."""
-    if not lease.live(now):
-        return tokens
-    if tokens < 0:
-        lease.held -= tokens  # a refund: held here until used or given back
-        return 0
-    took = min(lease.held, tokens)
-    lease.held -= took
-    return tokens - took
