@@ -116,7 +116,8 @@ class RedisSettings(Section):
     """Index updates waiting for the background flusher; the oldest are dropped beyond it."""
     lease_period: float = Field(1.0, gt=0)
     """Seconds a replica may hold rate-limit units granted to it unused before they go back
-    to the shared bucket, and the most its view of shared spend may age (limits/redis.py)."""
+    to the shared bucket (within half a period more), and the most its view of shared spend
+    may age (limits/redis.py)."""
     settle_interval: float = Field(0.05, ge=0)
     """Seconds between sends of spend and token settles when no grant carries them."""
 

@@ -14,7 +14,8 @@ call by call and topped up before they run out. Near a limit grants shrink to th
 own cost, so there every call is one round trip and exact. Limits are never exceeded;
 what a lease costs is that units one replica holds unused (at most about a second of
 refill, and a quarter of what the bucket held, per bucket) are unavailable to the others
-for at most ``redis.lease_period``, after which they go back (at shutdown too).
+until they are ``redis.lease_period`` old; then they go back (the sender looks every half
+period, so within 1.5 periods of the grant) and at shutdown.
 
 Budgets are checked against a local view of each spend counter: its value as the last
 grant read it (refreshed at least every ``lease_period``) plus this replica's own spend
@@ -97,6 +98,7 @@ class RedisLimiter:
         self._idle.set()
         self._urgent = False
         self._last_settle = 0.0
+        self._last_sweep = 0.0
         self._task: asyncio.Task[None] | None = None
         self._shapes: dict[int, Shape] = {}
         self._retry_at = 0.0
@@ -177,7 +179,7 @@ class RedisLimiter:
         for _, budget, view in shape.budgets:
             if now - view.read_at >= self._period:
                 return None
-            if view.base + view.own - view.mark >= budget.limit:
+            if view.value() >= budget.limit:
                 return Verdict(False, self._windows(shape), budget, None)
         for _, _, tokens_kind, lease in shape.buckets:
             if lease.expires <= now or lease.held < (tokens if tokens_kind else 1):
@@ -236,7 +238,8 @@ class RedisLimiter:
                 async with asyncio.timeout(self._next_round()):
                     await self._wake.wait()
             self._wake.clear()
-            self._return_leases(force=False)
+            if time.monotonic() - self._last_sweep >= self._period / 2:
+                self._return_leases(force=False)
             while self._asks or self._settles_due():
                 try:
                     await self._round()
@@ -338,8 +341,9 @@ class RedisLimiter:
             self._reject(ask, exc)
 
     def _return_leases(self, force: bool) -> None:
-        """Give back what aged out unspent (everything, at shutdown)."""
-        now = time.monotonic()
+        """Give back what aged out unspent (everything, at shutdown): every lease is looked
+        at, so the sender does this at most twice a lease period."""
+        now = self._last_sweep = time.monotonic()
         for key, lease in self._leases.items():
             if lease.held and not lease.asking and (force or not lease.live(now)):
                 self._add((key,), [(key, -lease.held, lease.limit)], 0, ())
