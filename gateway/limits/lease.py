@@ -75,9 +75,10 @@ class Lease:
         """Settle a call's tokens against the lease; returns what Redis must still be told."""
         if not self.live(now):
             return tokens
-        if tokens < 0:
-            self.held -= tokens  # a refund: held here until used or given back
-            return 0
+        if tokens < 0:  # a refund: held here up to the target, the rest goes back now
+            keep = min(-tokens, max(self.target - self.held, 0))
+            self.held += keep
+            return tokens + keep
         took = min(self.held, tokens)
         self.held -= took
         return tokens - took

@@ -22,8 +22,8 @@ grant read it (refreshed at least every ``lease_period``) plus this replica's ow
 since. So one replica is exact (the call that crosses a budget is served and metered, the
 next refused); another replica sees that spend within ``settle_interval + lease_period``,
 so across replicas a budget can be overrun by what the others serve in that time.
-Tokens refunded after a call stay in the lease (they were charged to the shared bucket)
-until used or given back.
+Tokens refunded after a call stay in the lease up to its target (they were charged to
+the shared bucket), so a refund rarely costs a write; beyond it they go back.
 
 One sender task talks to Redis: every pipeline carries the grants asked for since the last
 one (concurrent calls share a round trip) and, before them, every settle waiting (spend

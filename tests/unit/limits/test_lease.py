@@ -59,11 +59,13 @@ def test_a_spend_view_adds_this_replicas_spend_since_the_read() -> None:
     assert view.value() == 1_150
 
 
-def test_a_live_lease_keeps_refunds_and_pays_overruns_from_what_it_holds() -> None:
+def test_a_live_lease_keeps_refunds_up_to_its_target_and_pays_overruns_from_what_it_holds() -> None:
     lease = Lease(600)
     lease.granted(10, remaining=500, reset=10.0, now=0.0, period=1.0)
+    lease.held = 4  # six spent
     assert lease.reconcile(-5, 0.5) == 0  # a refund: held here
-    assert lease.held == 15
-    assert lease.reconcile(20, 0.5) == 5  # an overrun beyond what it holds: Redis is told
+    assert lease.reconcile(-5, 0.5) == -4  # beyond the target: back to the bucket
+    assert lease.held == 10
+    assert lease.reconcile(20, 0.5) == 10  # an overrun beyond what it holds: Redis is told
     assert lease.held == 0
     assert lease.reconcile(-5, 1.0) == -5  # aged out: the refund goes to the bucket
