@@ -110,8 +110,11 @@ class Window(NamedTuple):
     """Seconds until the bucket is full again."""
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True, frozen=True, eq=False)
 class Verdict:
+    """Compared and hashed by identity: a limiter may hand one verdict to calls close
+    together, and the limits stage builds the headers once per verdict."""
+
     allowed: bool
     windows: tuple[Window, ...] = ()
     refused_by: Bucket | Budget | None = None

@@ -23,7 +23,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.limits.base import WINDOW, Bucket, Budget, Plan
+from gateway.limits.base import ALLOW, WINDOW, Bucket, Budget, Plan, Verdict
 
 SHARE = 4
 """A grant's extra is at most 1/SHARE of what the bucket holds after the call's own cost."""
@@ -129,6 +129,10 @@ class Shape:
     grant_keys: list[str]
     refreshing: bool = False
     """A top-up of this plan's leases and spend views is on its way."""
+    verdict: Verdict = ALLOW
+    verdict_at: float = -math.inf
+    reuses: int = 0
+    """The last local verdict for the plan's calls, when it was built, how often reused."""
 
 
 @dataclass(slots=True)

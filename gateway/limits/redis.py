@@ -30,6 +30,10 @@ one (concurrent calls share a round trip) and, before them, every settle waiting
 and token reconciliation, merged per key), so a grant's read of a counter includes all of
 this replica's spend sent so far. Settles alone go at most every ``redis.settle_interval``.
 
+The x-ratelimit-* windows count what a replica holds as still in the bucket; one verdict
+serves a plan's calls up to REUSES calls or FRESH seconds apart (building the windows
+and headers cost more than the rest of a local answer).
+
 When Redis fails, limits fail open: calls pass, a warning is logged once and
 gateway_limits_errors counts; Redis is tried again every redis.probe_interval, so the
 limiter recovers by itself.
@@ -67,6 +71,9 @@ from gateway.settings import RedisSettings
 log = logging.getLogger(__name__)
 
 REDIS_ERRORS = (RedisError, OSError, TimeoutError)
+FRESH, REUSES = 0.01, 16
+"""A plan's verdict (and so its x-ratelimit-* headers) is reused for its calls for up to
+FRESH seconds and REUSES calls: the headers lag by at most that much of its traffic."""
 SHAPES = 10_000
 """Plans whose key names are kept (one per active key and day); leases and spend views
 are bounded by the same number."""
@@ -132,7 +139,10 @@ class RedisLimiter:
             code, which, wait = await ask.done
         except REDIS_ERRORS:
             return ALLOW
-        return self._verdict(shape, plan, code, which, wait)
+        verdict = self._verdict(shape, plan, code, which, wait)
+        if verdict.allowed:  # the freshest: the next local calls reuse it
+            shape.verdict, shape.verdict_at, shape.reuses = verdict, time.monotonic(), 0
+        return verdict
 
     def settle(self, plan: Plan, tokens: int, units: int) -> None:
         if not (tokens and plan.buckets) and not units:
@@ -184,15 +194,18 @@ class RedisLimiter:
         for _, _, tokens_kind, lease in shape.buckets:
             if lease.expires <= now or lease.held < (tokens if tokens_kind else 1):
                 return None
-        low, windows = False, []
-        for _, bucket, tokens_kind, lease in shape.buckets:
+        low = False
+        for _, _, tokens_kind, lease in shape.buckets:
             lease.held -= tokens if tokens_kind else 1
             low = low or lease.low(now, self._period)
-            windows.append(Window(bucket, *lease.window()))
         if low or self._stale(shape, now):
             shape.refreshing = True
             self._ask(shape, 0, now, None)
-        return Verdict(True, tuple(windows))
+        shape.reuses += 1
+        if shape.reuses > REUSES or now - shape.verdict_at >= FRESH:
+            shape.verdict = Verdict(True, self._windows(shape))
+            shape.verdict_at, shape.reuses = now, 0
+        return shape.verdict
 
     def _stale(self, shape: Shape, now: float) -> bool:
         """Spend views past half their life, with no refresh on its way: refresh them now."""

@@ -104,9 +104,11 @@ def plan_for(p: Principal, day: int) -> Plan:
     return Plan(p.team, tuple(buckets), tuple(budgets), counters)
 
 
+@functools.lru_cache(maxsize=1024)
 def ratelimit_headers(verdict: Verdict) -> dict[str, str]:
-    """OpenAI's x-ratelimit-* headers, from the bucket of each kind with the least room
-    (one pass: this runs on every call)."""
+    """OpenAI's x-ratelimit-* headers, from the bucket of each kind with the least room.
+    Built once per verdict (the Redis limiter reuses one for calls close together); the
+    dict is shared, so callers copy it, never change it."""
     tightest: dict[str, Window] = {}
     for w in verdict.windows:
         t = tightest.get(w.bucket.kind)
