@@ -38,11 +38,17 @@ class Backend:
     running: int = 0
     kv_usage: float = 0.0
     """vLLM's `vllm:kv_cache_usage_perc` (0..1), from the last scrape."""
+    own_at_scrape: int = 0
+    """This gateway's in-flight calls when the last scrape answered."""
 
     @property
     def others(self) -> int:
-        """Requests the engine runs or queues beyond this gateway's own (other replicas')."""
-        return max(self.running + self.waiting - self.in_flight, 0)
+        """Requests the engine runs or queues beyond this gateway's own (other replicas').
+
+        Against our in-flight count at the scrape, not now: a second later our own calls
+        have come and gone, and the difference would be phantom load.
+        """
+        return max(self.running + self.waiting - self.own_at_scrape, 0)
 
     @classmethod
     def from_settings(cls, cfg: BackendSettings) -> Backend:
@@ -171,6 +177,7 @@ class BackendPool:
         backend.waiting = int(load.get("vllm:num_requests_waiting", 0))
         backend.running = int(load.get("vllm:num_requests_running", 0))
         backend.kv_usage = load.get("vllm:kv_cache_usage_perc", 0.0)
+        backend.own_at_scrape = backend.in_flight
 
 
 ENGINE_GAUGES = ("vllm:num_requests_waiting", "vllm:num_requests_running",

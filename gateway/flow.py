@@ -9,7 +9,10 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from gateway.limits.base import Plan
 
 Endpoint = Literal["chat", "completions", "embeddings"]
 Decision = Literal["hit", "miss", "overflow", "affinity", "fallback", "none"]
@@ -119,6 +122,8 @@ class Quota:
     """Prompt estimate plus max_tokens; the difference to the actual usage is settled later."""
     headers: dict[str, str]
     """The x-ratelimit-* headers for the response."""
+    plan: Plan
+    """What the call was charged to: its settle goes to the same buckets and counters."""
 
 
 @dataclass(slots=True)

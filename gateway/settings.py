@@ -114,6 +114,12 @@ class RedisSettings(Section):
     """While Redis is failing, how often the index probes it to recover."""
     queue_size: int = Field(10000, ge=1)
     """Index updates waiting for the background flusher; the oldest are dropped beyond it."""
+    lease_period: float = Field(1.0, gt=0)
+    """Seconds a replica may hold rate-limit units granted to it unused before they go back
+    to the shared bucket (within half a period more), and the most its view of shared spend
+    may age (limits/redis.py)."""
+    settle_interval: float = Field(0.05, ge=0)
+    """Seconds between sends of spend and token settles when no grant carries them."""
 
 
 class DatabaseSettings(Section):

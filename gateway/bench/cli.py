@@ -67,6 +67,13 @@ def _add_load(p: argparse.ArgumentParser) -> None:
     g.add_argument("--requests", type=int, help="stop after N requests per target")
     g.add_argument("--duration", type=float, help="stop dispatching after S seconds")
     g.add_argument("--warmup", type=int, default=0, help="unmeasured tiny requests first")
+    g.add_argument(
+        "--steady-after",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also report the figures without the first N requests (warm caches)",
+    )
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--model", help="default: the first model the (first) target lists")
     g.add_argument("--api-key")
@@ -178,6 +185,7 @@ def options_from_args(args: argparse.Namespace) -> runner.Options:
         ignore_eos=args.ignore_eos,
         salt=args.salt,
         progress=progress,
+        steady_after=args.steady_after,
     )
 
 

@@ -75,6 +75,9 @@ class Options:
     salt: str = ""
     """Prepended to every first message: repeat a run against a warm server without hits."""
     progress: bool = False
+    steady_after: int = 0
+    """Report also the figures without the first N requests sent (Report.steady): the
+    first sight of every prefix is a cold prefill whatever the router does."""
 
     def __post_init__(self) -> None:
         if self.concurrency is not None and self.rate is not None:
@@ -159,13 +162,14 @@ class _Lane:
         finally:
             mine.set()
 
-    def report(self, info: RunInfo, started: float) -> Report:
+    def report(self, info: RunInfo, started: float, steady_after: int = 0) -> Report:
         return summarize(
             self.samples,
             target=self.target.name,
             base_url=self.target.base_url,
             info=info,
             elapsed=max(self.finished_at - started, 0.0),
+            steady_after=steady_after,
         )
 
     def _messages(self, turn: Turn, history: list[dict[str, str]]) -> list[dict[str, str]]:
@@ -257,7 +261,7 @@ async def _measure(fleet: _Fleet, workload: Workload, *, isolate: bool) -> list[
         if bar is not None:
             bar.close()
     info = RunInfo(workload=workload.name, seed=opts.seed, model=fleet.model, load=opts.load)
-    return [lane.report(info, started) for lane in lanes]
+    return [lane.report(info, started, opts.steady_after) for lane in lanes]
 
 
 def _ignore(sample: Sample) -> None:

@@ -5,8 +5,9 @@ a limit of L per minute refills continuously at L/60 per second and holds at mos
 minute's worth, so a fresh key may burst up to L at once, as OpenAI's limits behave.
 A call passes only if every bucket it touches has room and no budget is spent; then, and
 only then, all its buckets are charged (all or nothing). The in-process limiter runs this
-module's Python; the Redis one runs the same steps in Lua, and contract tests hold both to
-the same answers.
+module's Python; the Redis one runs the same steps in Lua on grants of units that its
+replica then spends locally (lease.py), and contract tests hold both to the same answers
+wherever the leases make no stated difference.
 
 Budgets are spend counters per key and per team and per UTC day and month, in integer
 units of 1e-10 USD (the ledger's scale, so they add up exactly). A call is refused once
@@ -19,7 +20,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Literal, Protocol
+from typing import Literal, NamedTuple, Protocol
 
 from gateway.flow import Period
 from gateway.limits.metrics import LimitMetrics
@@ -92,9 +93,9 @@ class Plan:
     """Spend counters the call's cost goes to (day and month of key and team)."""
 
 
-@dataclass(slots=True, frozen=True)
-class Window:
-    """A bucket's state after the call, for the x-ratelimit-* headers."""
+class Window(NamedTuple):
+    """A bucket's state after the call, for the x-ratelimit-* headers (a tuple: one is
+    built per bucket on every call)."""
 
     bucket: Bucket
     remaining: int
@@ -102,8 +103,11 @@ class Window:
     """Seconds until the bucket is full again."""
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True, frozen=True, eq=False)
 class Verdict:
+    """Compared and hashed by identity: a limiter may hand one verdict to calls close
+    together, and the limits stage builds the headers once per verdict."""
+
     allowed: bool
     windows: tuple[Window, ...] = ()
     refused_by: Bucket | Budget | None = None

@@ -8,9 +8,31 @@ key one call touches lives in its team's slot and one script can reach them all)
 - ``spend:{T}:<scope>:<owner>:<period>``: spend in 1e-10 USD units (INCRBY: exact), expiring
   a day after its period.
 
-A call's check is one EVALSHA (ADMIT); settles (token reconciliation and spend) are queued
-and sent by one flusher task, many to a pipeline, off the request path; settles for the
-same keys that wait together are merged into one (under load, one per key per flush).
+Most calls make no round trip. A replica holds *leases* (lease.py): units of a bucket
+granted to it by one script (GRANT) that charged the shared bucket for them, spent here
+call by call and topped up before they run out. Near a limit grants shrink to the call's
+own cost, so there every call is one round trip and exact. Limits are never exceeded;
+what a lease costs is that units one replica holds unused (at most about a second of
+refill, and a quarter of what the bucket held, per bucket) are unavailable to the others
+until they are ``redis.lease_period`` old; then they go back (the sender looks every half
+period, so within 1.5 periods of the grant) and at shutdown.
+
+Budgets are checked against a local view of each spend counter: its value as the last
+grant read it (refreshed at least every ``lease_period``) plus this replica's own spend
+since. So one replica is exact (the call that crosses a budget is served and metered, the
+next refused); another replica sees that spend within ``settle_interval + lease_period``,
+so across replicas a budget can be overrun by what the others serve in that time.
+Tokens refunded after a call stay in the lease up to its target (they were charged to
+the shared bucket), so a refund rarely costs a write; beyond it they go back.
+
+One sender task talks to Redis: every pipeline carries the grants asked for since the last
+one (concurrent calls share a round trip) and, before them, every settle waiting (spend
+and token reconciliation, merged per key), so a grant's read of a counter includes all of
+this replica's spend sent so far. Settles alone go at most every ``redis.settle_interval``.
+
+The x-ratelimit-* windows count what a replica holds as still in the bucket; one verdict
+serves a plan's calls up to REUSES calls or FRESH seconds apart (building the windows
+and headers cost more than the rest of a local answer).
 
 When Redis fails, limits fail open: calls pass, a warning is logged once and
 gateway_limits_errors counts; Redis is tried again every redis.probe_interval, so the
@@ -24,107 +46,37 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
 from redis.asyncio import Redis, RedisCluster
 from redis.exceptions import NoScriptError, RedisError
 
-from gateway.limits.base import ALLOW, Bucket, Counter, Plan, Seed, Verdict, Window, period_end
+from gateway.limits.base import (
+    ALLOW,
+    Bucket,
+    Counter,
+    Plan,
+    Seed,
+    Verdict,
+    Window,
+    period_end,
+)
+from gateway.limits.lease import Ask, Lease, Shape, SpendView
+from gateway.limits.lua import GRANT, SETTLE
 from gateway.limits.metrics import LimitMetrics
 from gateway.settings import RedisSettings
 
 log = logging.getLogger(__name__)
 
 REDIS_ERRORS = (RedisError, OSError, TimeoutError)
+FRESH, REUSES = 0.01, 16
+"""A plan's verdict (and so its x-ratelimit-* headers) is reused for its calls for up to
+FRESH seconds and REUSES calls: the headers lag by at most that much of its traffic."""
 SHAPES = 10_000
-"""Plans whose key names are kept (one per active key and day)."""
-BATCH = 256
-"""Queued settles sent in one pipeline (redis.queue_size bounds how many may wait)."""
-
-NOW = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local W = 60000000
-local function store(key, tat)
-  if tat > now then
-    redis.call('SET', key, string.format('%.0f', tat), 'PX', math.ceil((tat - now) / 1000) + 1)
-  else
-    redis.call('DEL', key)
-  end
-end
-local function tat_of(key)
-  local tat = tonumber(redis.call('GET', key) or '0')
-  if tat < now then return now end
-  return tat
-end
-"""
-
-# KEYS: n buckets, then budgets' counters. ARGV[1]: "n,limit,cost,...,budget,..." (one
-# argument, and the reply one string: a fraction of the client's work for a dozen numbers).
-# Reply: "code,which,wait" (code 0 ok, 1 bucket, 2 budget; which 1-based; wait µs, -1:
-# never fits), then ",remaining,reset µs" per bucket. Budgets first, then buckets, as base.py.
-ADMIT = (
-    NOW
-    + """
-local a = {}
-for v in string.gmatch(ARGV[1], '[^,]+') do a[#a + 1] = tonumber(v) end
-local n = a[1]
-local code, which, wait = 0, 0, 0
-for j = n + 1, #KEYS do
-  if tonumber(redis.call('GET', KEYS[j]) or '0') >= a[1 + n + j] then
-    code, which = 2, j - n
-    break
-  end
-end
-local tats, news = {}, {}
-for i = 1, n do
-  local limit, cost = a[2 * i], a[2 * i + 1]
-  tats[i] = tat_of(KEYS[i])
-  news[i] = tats[i] + cost * W / limit
-  if code == 0 and news[i] - now - W > 0.001 then
-    code, which = 1, i
-    if cost > limit then wait = -1 else wait = math.ceil(news[i] - now - W) end
-  end
-end
-local out = {code, which, wait}
-for i = 1, n do
-  local tat = tats[i]
-  if code == 0 then
-    tat = news[i]
-    store(KEYS[i], tat)
-  end
-  local step = W / a[2 * i]
-  out[#out + 1] = math.max(math.floor((W - (tat - now)) / step + 1e-9), 0)
-  out[#out + 1] = math.floor(tat - now)
-end
-for i = 1, #out do out[i] = string.format('%.0f', out[i]) end
-return table.concat(out, ',')
-"""
-)
-
-# KEYS: k token buckets, then spend counters. ARGV: k, tokens, limit per bucket, units,
-# ttl seconds per counter.
-SETTLE = (
-    NOW
-    + """
-local k, tokens = tonumber(ARGV[1]), tonumber(ARGV[2])
-if tokens ~= 0 then
-  for i = 1, k do
-    store(KEYS[i], tat_of(KEYS[i]) + tokens * W / tonumber(ARGV[2 + i]))
-  end
-end
-local units = ARGV[3 + k]
-if units ~= '0' then
-  for j = k + 1, #KEYS do
-    redis.call('INCRBY', KEYS[j], units)
-    redis.call('EXPIRE', KEYS[j], ARGV[3 + j])
-  end
-end
-"""
-)
+"""Plans whose key names are kept (one per active key and day); leases and spend views
+are bounded by the same number."""
 
 
 class RedisLimiter:
@@ -134,35 +86,40 @@ class RedisLimiter:
         self._client = client
         self._prefix = settings.key_prefix
         self._settings = settings
+        self._period = settings.lease_period
         self.metrics = metrics
-        self._admit = client.register_script(ADMIT)
-        self._settle = client.register_script(SETTLE)
+        self._scripts = {s.sha: s for s in map(client.register_script, (GRANT, SETTLE))}
+        self._grant_sha, self._settle_sha = list(self._scripts)
+        self._asks: list[Ask] = []
+        self._inflight: list[Ask] = []
+        """The grants of the round on its way (failed with it if it fails unexpectedly)."""
         self._pending: dict[tuple[str, ...], list[Any]] = {}
+        self._leases: dict[str, Lease] = {}
+        self._views: dict[str, SpendView] = {}
+        """Bucket / counter key -> its lease / spend view; the shapes that use them keep
+        them too, so the hot path looks nothing up."""
         self._expiry: dict[str, float] = {}
         """Period id -> epoch when its counters may go."""
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
+        self._urgent = False
+        self._last_settle = 0.0
+        self._last_sweep = 0.0
         self._task: asyncio.Task[None] | None = None
-        self._admits: list[tuple[list[str], str, asyncio.Future[bytes]]] = []
-        self._admit_wake = asyncio.Event()
-        self._checker: asyncio.Task[None] | None = None
-        self._shapes: dict[Plan, _Shape] = {}
+        self._shapes: dict[int, Shape] = {}
         self._retry_at = 0.0
         self._degraded = False
 
     async def start(self) -> None:
-        self._task = asyncio.create_task(self._flusher(), name="limits-flusher")
-        self._checker = asyncio.create_task(self._admitter(), name="limits-admitter")
+        self._task = asyncio.create_task(self._sender(), name="limits-sender")
 
     async def aclose(self) -> None:
-        if self._checker is not None:
-            self._checker.cancel()
-            await asyncio.gather(self._checker, return_exceptions=True)
-            self._checker = None
         if self._task is not None:
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self.flush(), timeout=1.0)
+                await asyncio.wait_for(self.flush(), timeout=0.5)  # grants on their way land
+                self._return_leases(force=True)
+                await asyncio.wait_for(self.flush(), timeout=0.5)
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
@@ -172,30 +129,39 @@ class RedisLimiter:
         if not (plan.buckets or plan.budgets) or time.monotonic() < self._retry_at:
             return ALLOW
         shape = self._shape(plan)
-        done: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
-        self._admits.append((shape.admit_keys, shape.admit_args.format(tokens), done))
-        self._admit_wake.set()
+        now = time.monotonic()
+        verdict = self._local(shape, tokens, now)
+        if verdict is not None:
+            return verdict
+        ask = self._ask(shape, tokens, now, asyncio.get_running_loop().create_future())
+        assert ask.done is not None
         try:
-            reply = await done
-        except REDIS_ERRORS as exc:
-            self._failed(exc)
+            code, which, wait = await ask.done
+        except REDIS_ERRORS:
             return ALLOW
-        self._recovered()
-        return _verdict(plan, [int(x) for x in reply.split(b",")])
+        verdict = self._verdict(shape, plan, code, which, wait)
+        if verdict.allowed:  # the freshest: the next local calls reuse it
+            shape.verdict, shape.verdict_at, shape.reuses = verdict, time.monotonic(), 0
+        return verdict
 
     def settle(self, plan: Plan, tokens: int, units: int) -> None:
         if not (tokens and plan.buckets) and not units:
             return
         shape = self._shape(plan)
-        keys, k = shape.settle_keys[bool(tokens)][bool(units)], len(shape.tpm_limits)
-        if not keys:
-            return
-        args: list[Any] = [k if tokens else 0, tokens, *(shape.tpm_limits if tokens else ()), units]
+        charges: list[tuple[str, int, int]] = []
+        if tokens:
+            now = time.monotonic()
+            for key, lease in shape.tpm:
+                amount = lease.reconcile(tokens, now)
+                if amount:
+                    charges.append((key, amount, lease.limit))
         if units:
-            args += [self._ttl(pid) for pid in shape.period_ids]
-        self._add(keys, args)
-        self._idle.clear()
-        self._wake.set()
+            for view in shape.spend_views:
+                view.own += units
+        elif not charges:
+            return
+        keys = (*(key for key, _, _ in charges), *shape.spend_keys) if charges else shape.spend_keys
+        self._add(keys, charges, units, shape.period_ids if units else ())
 
     async def seed(self, seeds: Iterable[Seed]) -> None:
         """Never fails the start: without Redis, budgets fail open like everything else."""
@@ -210,82 +176,221 @@ class RedisLimiter:
             self._failed(exc)
 
     async def flush(self) -> None:
+        if not self._idle.is_set():
+            self._urgent = True
+            self._wake.set()
         await self._idle.wait()
 
-    async def _admitter(self) -> None:
-        """Send the checks waiting now in one pipeline: concurrent calls share a round trip."""
+    # -- the hot path: leases and spend views ------------------------------------------
+
+    def _local(self, shape: Shape, tokens: int, now: float) -> Verdict | None:
+        """The answer from what this replica holds, or None when it takes a round trip.
+        Plain loops over the shape's own leases and views: this runs on every call."""
+        for _, budget, view in shape.budgets:
+            if now - view.read_at >= self._period:
+                return None
+            if view.value() >= budget.limit:
+                return Verdict(False, self._windows(shape), budget, None)
+        for _, _, tokens_kind, lease in shape.buckets:
+            if lease.expires <= now or lease.held < (tokens if tokens_kind else 1):
+                return None
+        low = False
+        for _, _, tokens_kind, lease in shape.buckets:
+            lease.held -= tokens if tokens_kind else 1
+            low = low or lease.low(now, self._period)
+        if low or self._stale(shape, now):
+            shape.refreshing = True
+            self._ask(shape, 0, now, None)
+        shape.reuses += 1
+        if shape.reuses > REUSES or now - shape.verdict_at >= FRESH:
+            shape.verdict = Verdict(True, self._windows(shape))
+            shape.verdict_at, shape.reuses = now, 0
+        return shape.verdict
+
+    def _stale(self, shape: Shape, now: float) -> bool:
+        """Spend views past half their life, with no refresh on its way: refresh them now."""
+        if not shape.refreshing:
+            for _, _, view in shape.budgets:
+                if now - view.read_at >= self._period / 2:
+                    return True
+        return False
+
+    def _ask(self, shape: Shape, tokens: int, now: float, done: asyncio.Future[Any] | None) -> Ask:
+        """Queue a grant: a call's cost (what its leases cannot cover) plus top-ups."""
+        ask = Ask(shape, done)
+        for _, bucket, _, lease in shape.buckets:
+            give = 0
+            if not lease.live(now):
+                give, lease.held = lease.held, 0  # aged out: back to the bucket
+            cost = bucket.cost(tokens) if done is not None else 0
+            took = min(lease.held, cost)
+            lease.held -= took
+            more = 0 if lease.asking else lease.extra()
+            lease.asking = lease.asking or more > 0
+            ask.buckets.append((cost - took, more, give, took))
+        self._asks.append(ask)
+        self._wake.set()
+        return ask
+
+    def _windows(self, shape: Shape) -> tuple[Window, ...]:
+        return tuple(Window(bucket, *lease.window()) for _, bucket, _, lease in shape.buckets)
+
+    def _verdict(self, shape: Shape, plan: Plan, code: int, which: int, wait: int) -> Verdict:
+        windows = self._windows(shape)
+        if code == 0:
+            return Verdict(True, windows)
+        if code == 2:
+            return Verdict(False, windows, plan.budgets[which - 1], None)
+        return Verdict(False, windows, plan.buckets[which - 1], None if wait < 0 else wait / 1e6)
+
+    # -- the sender: one pipeline per round, grants and settles together -----------------
+
+    async def _sender(self) -> None:
         while True:
-            await self._admit_wake.wait()
-            self._admit_wake.clear()
-            while self._admits:
-                batch, self._admits = self._admits, []
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._next_round()):
+                    await self._wake.wait()
+            self._wake.clear()
+            if time.monotonic() - self._last_sweep >= self._period / 2:
+                self._return_leases(force=False)
+            while self._asks or self._settles_due():
                 try:
-                    await self._check(batch)
+                    await self._round()
                 except Exception as exc:
                     # This task must outlive any surprise, or every later check would hang.
-                    log.exception("limits: check failed unexpectedly; letting the calls through")
-                    _fail(batch, RedisError(f"limits check failed: {exc!r}"))
+                    log.exception("limits: a round failed unexpectedly; letting the calls through")
+                    self._fail_asks(RedisError(f"limits round failed: {exc!r}"))
+                self._inflight = []
+            if not self._pending:
+                self._urgent = False
+                self._idle.set()
 
-    async def _check(self, batch: list[tuple[list[str], str, asyncio.Future[bytes]]]) -> None:
+    def _next_round(self) -> float:
+        """Seconds until settles waiting alone are due, or until leases may have aged out."""
+        if self._pending:
+            due = self._last_settle + self._settings.settle_interval - time.monotonic()
+            return max(due, 0.0)
+        return self._period / 2
+
+    def _settles_due(self) -> bool:
+        if not self._pending:
+            return False
+        waited = time.monotonic() - self._last_settle
+        return self._urgent or waited >= self._settings.settle_interval
+
+    async def _round(self) -> None:
+        """Settles first, so the grants' reads of the counters include them."""
+        asks = self._inflight = self._asks
+        self._asks = []
+        settles, self._pending = list(self._pending.items()), {}
+        if not asks:
+            self._last_settle = time.monotonic()  # only settles sent alone are paced
+        commands = [(self._settle_sha, list(keys), args) for keys, args in settles]
+        marks = [[view.own for _, _, view in ask.shape.budgets] for ask in asks]
+        commands += [(self._grant_sha, ask.shape.grant_keys, [ask.render()]) for ask in asks]
         try:
-            if len(batch) == 1:
-                keys, arg, _ = batch[0]
-                replies: list[Any] = [await self._admit(keys=keys, args=[arg])]
-            else:
-                async with self._client.pipeline(transaction=False) as pipe:
-                    for keys, arg, _ in batch:
-                        pipe.evalsha(self._admit.sha, len(keys), *keys, arg)
-                    replies = await pipe.execute(raise_on_error=False)
-                for i, reply in enumerate(replies):
-                    if isinstance(reply, NoScriptError):  # Redis restarted: load it again
-                        replies[i] = await self._admit(keys=batch[i][0], args=[batch[i][1]])
+            replies = await self._run(commands)
         except REDIS_ERRORS as exc:
-            _fail(batch, exc)
+            # Settles are dropped, not retried: a half-applied pipeline retried counts twice.
+            self.metrics.dropped.inc(len(settles))
+            self._failed(exc)
+            for ask in asks:
+                self._reject(ask, exc)
             return
-        for (_, _, done), reply in zip(batch, replies, strict=True):
-            if done.done():
-                continue  # its caller went away
-            if isinstance(reply, Exception):
-                done.set_exception(reply)
-            else:
-                done.set_result(reply)
+        self._recovered()
+        self.metrics.dropped.inc(sum(isinstance(r, Exception) for r in replies[: len(settles)]))
+        now = time.monotonic()
+        for ask, mark, reply in zip(asks, marks, replies[len(settles) :], strict=True):
+            self._apply(ask, mark, reply, now)
 
-    async def _flusher(self) -> None:
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            while self._pending:
-                pending, self._pending = self._pending, {}
-                items = list(pending.items())
-                for i in range(0, len(items), BATCH):
-                    try:
-                        await self._send(items[i : i + BATCH])
-                    except Exception:
-                        log.exception("limits: settle failed unexpectedly; dropped")
-            self._idle.set()
+    async def _run(self, commands: list[tuple[str, list[str], list[Any]]]) -> list[Any]:
+        async with self._client.pipeline(transaction=False) as pipe:
+            for sha, keys, args in commands:
+                pipe.evalsha(sha, len(keys), *keys, *args)
+            replies: list[Any] = await pipe.execute(raise_on_error=False)
+        for i, reply in enumerate(replies):
+            if isinstance(reply, NoScriptError):  # Redis restarted: load it again
+                sha, keys, args = commands[i]
+                replies[i] = await self._scripts[sha](keys=keys, args=args)
+        return replies
 
-    def _add(self, keys: tuple[str, ...], args: list[Any]) -> None:
-        """Queue a settle, merged into one already waiting for the same keys (same owner)."""
+    def _apply(self, ask: Ask, marks: list[int], reply: Any, now: float) -> None:
+        """A grant's answer: leases, spend views, then the waiting call (if it still waits)."""
+        if isinstance(reply, Exception):
+            self._failed(reply)
+            self._reject(ask, reply)
+            return
+        if ask.done is None:
+            ask.shape.refreshing = False
+        nums = [int(x) for x in reply.split(b",")]
+        code, n = nums[0], len(ask.buckets)
+        for i, (_, _, _, lease) in enumerate(ask.shape.buckets):
+            granted, remaining, reset = nums[3 + 3 * i : 6 + 3 * i]
+            _, more, _, took = ask.buckets[i]
+            if more:
+                lease.asking = False
+            if code != 0:
+                lease.held += took  # the call was refused: nothing it took is spent
+            lease.granted(granted, remaining, reset / 1e6, now, self._period)
+        for j, (_, _, view) in enumerate(ask.shape.budgets):
+            view.base, view.mark, view.read_at = nums[3 + 3 * n + j], marks[j], now
+        if ask.done is not None and not ask.done.done():
+            ask.done.set_result(nums[:3])
+
+    def _reject(self, ask: Ask, exc: BaseException) -> None:
+        """A grant that failed: its top-ups are no longer on their way, its call passes
+        (what it took from its leases stays spent)."""
+        if ask.done is None:
+            ask.shape.refreshing = False
+        elif not ask.done.done():
+            ask.done.set_exception(exc)
+        for (_, _, _, lease), (_, more, _, _) in zip(ask.shape.buckets, ask.buckets, strict=True):
+            if more:
+                lease.asking = False
+
+    def _fail_asks(self, exc: BaseException) -> None:
+        asks, self._asks = self._inflight + self._asks, []
+        for ask in asks:
+            self._reject(ask, exc)
+
+    def _return_leases(self, force: bool) -> None:
+        """Give back what aged out unspent (everything, at shutdown): every lease is looked
+        at, so the sender does this at most twice a lease period."""
+        now = self._last_sweep = time.monotonic()
+        for key, lease in self._leases.items():
+            if lease.held and not lease.asking and (force or not lease.live(now)):
+                self._add((key,), [(key, -lease.held, lease.limit)], 0, ())
+                lease.held = 0
+
+    def _add(
+        self,
+        keys: tuple[str, ...],
+        charges: list[tuple[str, int, int]],
+        units: int,
+        period_ids: tuple[str, ...],
+    ) -> None:
+        """Queue a settle (SETTLE's arguments), merged into one already waiting for the
+        same keys: under load most settles are an addition here."""
         waiting = self._pending.get(keys)
-        if waiting is not None:
-            k = args[0]
-            waiting[1] += args[1]
-            waiting[3 + k] += args[3 + k]
-        elif len(self._pending) < self._settings.queue_size:
+        if waiting is not None:  # the sender knows: no need to wake it again
+            for i, (_, amount, _) in enumerate(charges):
+                waiting[1 + 2 * i] += amount
+            waiting[1 + 2 * len(charges)] += units
+            return
+        if len(self._pending) < self._settings.queue_size:
+            args: list[Any] = [len(charges)]
+            for _, amount, limit in charges:
+                args += (amount, limit)
+            args.append(units)
+            args += [self._ttl(pid) for pid in period_ids]
             self._pending[keys] = args
         else:
             self.metrics.dropped.inc()
+            return
+        self._idle.clear()
+        self._wake.set()
 
-    async def _send(self, batch: Sequence[tuple[tuple[str, ...], list[Any]]]) -> None:
-        try:
-            async with self._client.pipeline(transaction=False) as pipe:
-                for keys, args in batch:
-                    await self._settle(keys=list(keys), args=args, client=pipe)
-                await pipe.execute()
-        except REDIS_ERRORS as exc:
-            # Dropped, not retried: a half-applied pipeline retried would count spend twice.
-            self.metrics.dropped.inc(len(batch))
-            self._failed(exc)
+    # -- names, TTLs and health ----------------------------------------------------------
 
     def _ttl(self, period_id: str) -> int:
         """Seconds a counter lives: its period and a day more (so a late settle still lands)."""
@@ -298,14 +403,58 @@ class RedisLimiter:
             self._expiry[period_id] = gone
         return max(math.ceil(gone - time.time()), 1)
 
-    def _shape(self, plan: Plan) -> _Shape:
-        """The plan's key names and fixed arguments, built once per plan (key and day)."""
-        shape = self._shapes.get(plan)
-        if shape is None:
+    def _shape(self, plan: Plan) -> Shape:
+        """The plan's keys, leases and views, built once per plan (key and day). Found by
+        identity: hashing a plan costs more than the rest of a local answer, and the stage
+        hands out the same Plan object for a key all day (the shape keeps it: its id stays)."""
+        shape = self._shapes.get(id(plan))
+        if shape is None or shape.plan is not plan:
             if len(self._shapes) >= SHAPES:
-                self._shapes.clear()
-            shape = self._shapes[plan] = _Shape.of(plan, self._bucket, self._counter)
+                self._forget()
+            shape = self._shapes[id(plan)] = self._new_shape(plan)
         return shape
+
+    def _new_shape(self, plan: Plan) -> Shape:
+        buckets = tuple(
+            (key, b, b.kind == "tokens", self._lease(key, b.limit))
+            for b in plan.buckets
+            for key in (self._bucket(plan.tag, b),)
+        )
+        spend_keys = tuple(self._counter(plan.tag, c) for c in plan.counters)
+        budgets = tuple(
+            (key, b, self._views.setdefault(key, SpendView()))
+            for b in plan.budgets
+            for key in (self._counter(plan.tag, b.counter),)
+        )
+        return Shape(
+            plan=plan,
+            buckets=buckets,
+            budgets=budgets,
+            tpm=tuple((key, lease) for key, _, tokens, lease in buckets if tokens),
+            spend_keys=spend_keys,
+            spend_views=tuple(self._views.setdefault(key, SpendView()) for key in spend_keys),
+            period_ids=tuple(c.period_id for c in plan.counters),
+            grant_keys=[key for key, *_ in buckets] + [key for key, *_ in budgets],
+        )
+
+    def _lease(self, key: str, limit: int) -> Lease:
+        """The bucket's lease (a new one when its limit changed: the old one's units go back)."""
+        lease = self._leases.get(key)
+        if lease is None or lease.limit != limit:
+            if lease is not None and lease.held:
+                self._add((key,), [(key, -lease.held, lease.limit)], 0, ())
+                lease.held = 0
+            lease = self._leases[key] = Lease(limit)
+        return lease
+
+    def _forget(self) -> None:
+        """Bound the per-key state: shapes, leases (their units go back first) and views
+        start afresh. Grants on their way land in the old objects and are lost, which only
+        keeps their units away until the buckets refill."""
+        self._return_leases(force=True)
+        self._shapes.clear()
+        self._leases.clear()
+        self._views.clear()
 
     def _bucket(self, tag: str, b: Bucket) -> str:
         return f"{self._prefix}rl:{{{tag}}}:{b.scope}:{b.owner}:{b.kind}"
@@ -327,55 +476,3 @@ class RedisLimiter:
             self._degraded = False
             self.metrics.degraded.set(0)
             log.warning("limits: Redis answers again; rate limits and budgets are enforced")
-
-
-@dataclass(slots=True, frozen=True)
-class _Shape:
-    admit_keys: list[str]
-    admit_args: str
-    """"n,limit,cost,...,budget,..." with {0} where the call's tokens go."""
-    settle_keys: tuple[tuple[tuple[str, ...], ...], ...]
-    """[has tokens][has spend]: token bucket keys then counter keys."""
-    tpm_limits: tuple[int, ...]
-    period_ids: tuple[str, ...]
-
-    @classmethod
-    def of(
-        cls,
-        plan: Plan,
-        bucket: Callable[[str, Bucket], str],
-        counter: Callable[[str, Counter], str],
-    ) -> _Shape:
-        nums = [str(len(plan.buckets))]
-        for b in plan.buckets:
-            nums += (str(b.limit), "1" if b.kind == "requests" else "{0}")
-        nums += [str(b.limit) for b in plan.budgets]
-        tpm = tuple(b for b in plan.buckets if b.kind == "tokens")
-        tpm_keys = tuple(bucket(plan.tag, b) for b in tpm)
-        spend_keys = tuple(counter(plan.tag, c) for c in plan.counters)
-        return cls(
-            admit_keys=[bucket(plan.tag, b) for b in plan.buckets]
-            + [counter(plan.tag, b.counter) for b in plan.budgets],
-            admit_args=",".join(nums),
-            settle_keys=(((), spend_keys), (tpm_keys, tpm_keys + spend_keys)),
-            tpm_limits=tuple(b.limit for b in tpm),
-            period_ids=tuple(c.period_id for c in plan.counters),
-        )
-
-
-def _fail(batch: Sequence[tuple[list[str], str, asyncio.Future[bytes]]], exc: Exception) -> None:
-    for _, _, done in batch:
-        if not done.done():
-            done.set_exception(exc)
-
-
-def _verdict(plan: Plan, reply: list[int]) -> Verdict:
-    code, which, wait = reply[0], reply[1], reply[2]
-    windows = tuple(
-        Window(b, reply[3 + 2 * i], reply[4 + 2 * i] / 1e6) for i, b in enumerate(plan.buckets)
-    )
-    if code == 0:
-        return Verdict(True, windows)
-    if code == 2:
-        return Verdict(False, windows, plan.budgets[which - 1], None)
-    return Verdict(False, windows, plan.buckets[which - 1], None if wait < 0 else wait / 1e6)

@@ -1,4 +1,4 @@
-"""Rate limits and budgets for a keyed call: one limiter round trip before, a settle after.
+"""Rate limits and budgets for a keyed call: a limiter check before, a settle after.
 
 Tokens per minute are reserved up front and reconciled after the call: the check charges
 the prompt (the prefix stage's exact count, or body bytes / 4 for embeddings) plus
@@ -36,6 +36,7 @@ from gateway.limits.base import (
     Scope,
     Seed,
     Verdict,
+    Window,
     period_end,
     period_id,
 )
@@ -51,7 +52,7 @@ async def admit(call: Call, body_bytes: int, limiter: Limiter) -> None:
     verdict = await limiter.admit(plan, reserved)
     if not verdict.allowed:
         raise refusal(verdict, reserved, limiter)
-    call.quota = Quota(reserved_tokens=reserved, headers=ratelimit_headers(verdict))
+    call.quota = Quota(reserved, ratelimit_headers(verdict), plan)
 
 
 def settle(call: Call, limiter: Limiter) -> None:
@@ -60,9 +61,8 @@ def settle(call: Call, limiter: Limiter) -> None:
         return
     u = call.usage
     used = u.prompt_tokens + u.completion_tokens if u else 0
-    units = call.cost.total if call.cost else 0
-    plan = plan_for(call.principal, _day(call))
-    limiter.settle(plan, used - call.quota.reserved_tokens, units)
+    units = call.cost.total if call.cost else 0  # already 1e-10 USD units
+    limiter.settle(call.quota.plan, used - call.quota.reserved_tokens, units)
 
 
 def estimate_tokens(call: Call, body_bytes: int) -> int:
@@ -104,17 +104,23 @@ def plan_for(p: Principal, day: int) -> Plan:
     return Plan(p.team, tuple(buckets), tuple(budgets), counters)
 
 
+@functools.lru_cache(maxsize=1024)
 def ratelimit_headers(verdict: Verdict) -> dict[str, str]:
-    """OpenAI's x-ratelimit-* headers, from the bucket of each kind with the least room."""
+    """OpenAI's x-ratelimit-* headers, from the bucket of each kind with the least room.
+    Built once per verdict (the Redis limiter reuses one for calls close together); the
+    dict is shared, so callers copy it, never change it."""
+    tightest: dict[str, Window] = {}
+    for w in verdict.windows:
+        t = tightest.get(w.bucket.kind)
+        if t is None or (w.remaining, -w.reset) < (t.remaining, -t.reset):
+            tightest[w.bucket.kind] = w
     out: dict[str, str] = {}
     for kind in ("requests", "tokens"):
-        windows = [w for w in verdict.windows if w.bucket.kind == kind]
-        if not windows:
-            continue
-        w = min(windows, key=lambda w: (w.remaining, -w.reset))
-        out[f"x-ratelimit-limit-{kind}"] = str(w.bucket.limit)
-        out[f"x-ratelimit-remaining-{kind}"] = str(w.remaining)
-        out[f"x-ratelimit-reset-{kind}"] = duration(w.reset)
+        w = tightest.get(kind)
+        if w is not None:
+            out[f"x-ratelimit-limit-{kind}"] = str(w.bucket.limit)
+            out[f"x-ratelimit-remaining-{kind}"] = str(w.remaining)
+            out[f"x-ratelimit-reset-{kind}"] = duration(w.reset)
     return out
 
 

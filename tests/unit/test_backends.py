@@ -28,7 +28,12 @@ def test_unlabelled_and_garbage_lines() -> None:
 def test_engine_load_beyond_our_own_calls_is_what_routing_adds() -> None:
     from gateway.backends import Backend
 
-    b = Backend(name="b", url="http://b", in_flight=5, running=4, waiting=3)
-    assert b.others == 2  # 7 at the engine, 5 of them ours
-    b.in_flight = 9  # the scrape lags behind calls sent since
+    b = Backend(name="b", url="http://b", in_flight=5, running=4, waiting=3, own_at_scrape=5)
+    assert b.others == 2  # 7 at the engine when scraped, 5 of them ours
+    # Our own calls come and go between scrapes: neither is another replica's load.
+    b.in_flight = 0
+    assert b.others == 2
+    b.in_flight = 9
+    assert b.others == 2
+    b.own_at_scrape = 9
     assert b.others == 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 import uuid
 from collections.abc import Iterator
@@ -79,6 +80,29 @@ def test_a_key_rate_limit_holds_across_both_gateways(pair: list[str]) -> None:
         assert 1 <= int(h["retry-after"]) <= 15  # a request refills every 15 s
         assert h["x-ratelimit-limit-requests"] == "4"
         assert h["x-ratelimit-remaining-requests"] == "0"
+
+
+def test_a_limit_large_enough_to_lease_holds_across_both_gateways(pair: list[str]) -> None:
+    """120 a minute: each gateway serves from leases of up to 2 requests (redis.py)."""
+    _, key = issue_key(pair[0], f"t{uuid.uuid4().hex[:6]}", rpm=120)
+    clients = [openai.OpenAI(base_url=url + "/v1", api_key=key, max_retries=0) for url in pair]
+    served, refused_in_a_row, started = 0, 0, time.monotonic()
+    try:
+        while refused_in_a_row < 2 and served <= 240:
+            try:
+                clients[served % 2].chat.completions.create(
+                    model=MODEL, messages=MESSAGES, max_tokens=2
+                )
+            except openai.RateLimitError:
+                refused_in_a_row += 1
+                clients.reverse()
+                continue
+            served, refused_in_a_row = served + 1, 0
+    finally:
+        for client in clients:
+            client.close()
+    refilled = math.ceil((time.monotonic() - started) * 2) + 1  # two a second
+    assert 120 <= served <= 120 + refilled, (served, refilled)
 
 
 def test_a_team_limit_is_shared_by_its_keys_on_both_gateways(pair: list[str]) -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import math
+import time
 import uuid
 from datetime import UTC, datetime, timedelta
 
@@ -117,6 +119,26 @@ async def test_seeds_set_only_counters_that_do_not_exist(limiter: Limiter) -> No
     assert not (await limiter.admit(plan(t, budgets=(Budget(DAY, 3, ENDS),)), 0)).allowed
     assert not (await limiter.admit(plan(t, budgets=(Budget(fresh, 10, ENDS),)), 0)).allowed
     assert (await limiter.admit(plan(t, budgets=(Budget(fresh, 11, ENDS),)), 0)).allowed
+
+
+async def test_a_burst_up_to_a_leased_limit_passes_with_headers_counting_down(
+    limiter: Limiter,
+) -> None:
+    """600 a minute: large enough that the Redis limiter serves most calls from leases.
+    Its headers may lag by up to 16 calls (redis.REUSES: one verdict serves calls close
+    together); the in-process limiter's are exact."""
+    t, started = team(), time.monotonic()
+    rpm = Bucket("key", "requests", "k1", 600)
+    p = plan(t, rpm)  # one object for all calls, as the limits stage hands out
+    for served in range(1, 601):
+        v = await limiter.admit(p, 0)
+        assert v.allowed
+        refilled = math.ceil((time.monotonic() - started) * 10) + 1  # 10 a second
+        assert 600 - served <= v.windows[0].remaining <= 600 - served + refilled + 16
+    extra = 0
+    while (await limiter.admit(p, 0)).allowed:
+        extra += 1
+    assert extra <= math.ceil((time.monotonic() - started) * 10) + 1
 
 
 @pytest.mark.parametrize("n", [50])

@@ -89,3 +89,17 @@ def test_ratios_against_the_first_target() -> None:
     assert "ttft_p50_ratio" in text
     assert "0.500" in text
     assert "+30.0" in text
+
+
+def test_steady_figures_leave_out_the_first_requests_sent() -> None:
+    """The first sight of every prefix is cold on any router: the steady window skips the
+    first N requests by send time, whatever order they finished in."""
+    cold = [sample(i, ttft=0.5, latency=1.0, started=float(i), cached_tokens=0) for i in (1, 2)]
+    warm = [sample(i, ttft=0.01, latency=0.1, started=float(i), cached_tokens=90) for i in (3, 4)]
+    r = summarize([*warm, *cold], target="t", base_url="u", info=INFO, elapsed=1.0, steady_after=2)
+    assert r.steady is not None
+    assert (r.steady.after, r.steady.requests, r.steady.hit_ratio) == (2, 2, 0.9)
+    assert r.steady.ttft_ms["p99"] == pytest.approx(10.0)
+    assert r.ttft_ms["p99"] == pytest.approx(500.0)
+    assert "after 2 sent: 2 requests, hit 0.900" in render(r)
+    assert build(samples()).steady is None

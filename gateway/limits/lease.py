@@ -1,0 +1,154 @@
+"""Quota leases: a replica's local share of a shared bucket, and its view of shared spend.
+
+The Redis limiter does not ask Redis about every call. It asks for a *grant*: the call's
+own cost plus some extra units of the bucket, charged to the shared bucket at once, and
+spends the extra locally until it runs low (then it asks again, before it runs out). This
+module is that bookkeeping, free of I/O, so the policy can be read and tested on its own:
+a Lease per bucket, a SpendView per spend counter, a Shape per plan (holding the leases
+and views its calls use) and an Ask per grant on its way (GRANT's argument, lua.py).
+
+Grant size: about a second of the bucket's refill (limit / 60) when the bucket has room,
+never more than a quarter of what remains after the call's own cost, and nothing extra
+when little remains: near the limit every call is one round trip and exact, as without
+leases. Units are never created here, only moved: the shared bucket is charged for every
+unit a replica holds, so a limit is never exceeded; the price is that units one replica
+holds and does not use are unavailable to the others until they go back (at the latest
+``period`` after the grant, and at shutdown).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.limits.base import ALLOW, WINDOW, Bucket, Budget, Plan, Verdict
+
+SHARE = 4
+"""A grant's extra is at most 1/SHARE of what the bucket holds after the call's own cost."""
+
+
+def target(limit: int) -> int:
+    """Extra units worth holding: a second of refill (0 below 60 a minute: no leasing)."""
+    return limit // 60
+
+
+@dataclass(slots=True)
+class Lease:
+    """One bucket's units held by this replica (a ``Redis key`` -> Lease map holds them)."""
+
+    limit: int
+    target: int = field(init=False)
+    """Units worth holding (``target(limit)``; 0: every call asks Redis)."""
+    held: int = 0
+    """Units granted and not yet spent (refunded tokens come back here too)."""
+    expires: float = 0.0
+    """Monotonic time after which ``held`` must go back to the bucket, unspent."""
+    asking: bool = False
+    """A grant with extra is on its way: others ask for their own cost only."""
+    remaining: int = 0
+    """The shared bucket's room after the last grant (for the headers)."""
+    reset: float = 0.0
+    """Seconds the shared bucket needed then to be full again."""
+
+    def __post_init__(self) -> None:
+        self.target = target(self.limit)
+        self.remaining = self.limit  # not seen yet: as full as it may be
+
+    def live(self, now: float) -> bool:
+        return now < self.expires
+
+    def low(self, now: float, period: float) -> bool:
+        """Worth topping up before it runs out: under half its target, or half its life gone."""
+        if self.asking or self.target == 0:
+            return False
+        return self.held * 2 < self.target or self.expires - now < period / 2
+
+    def granted(self, units: int, remaining: int, reset: float, now: float, period: float) -> None:
+        self.remaining, self.reset = remaining, reset
+        if units:
+            self.held += units
+            self.expires = now + period
+
+    def reconcile(self, tokens: int, now: float) -> int:
+        """Settle a call's tokens against the lease; returns what Redis must still be told."""
+        if not self.live(now):
+            return tokens
+        if tokens < 0:  # a refund: held here up to the target, the rest goes back now
+            keep = min(-tokens, max(self.target - self.held, 0))
+            self.held += keep
+            return tokens + keep
+        took = min(self.held, tokens)
+        self.held -= took
+        return tokens - took
+
+    def extra(self) -> int:
+        """What to ask for beyond the call's cost, to top the lease up to its target."""
+        return max(self.target - self.held, 0)
+
+    def window(self) -> tuple[int, float]:
+        """(remaining, reset) as the headers show them: the bucket as if the lease were spent
+        back into it (what the bucket held at the last grant plus what is still held here)."""
+        step = WINDOW / self.limit
+        return min(self.remaining + self.held, self.limit), max(self.reset - self.held * step, 0.0)
+
+
+@dataclass(slots=True)
+class SpendView:
+    """A spend counter as this replica last read it, plus its own spend since."""
+
+    base: int = 0
+    """The counter's value in Redis, read after every settle this replica had sent."""
+    mark: int = 0
+    """``own`` when that read was sent."""
+    read_at: float = -math.inf
+    own: int = 0
+    """Every unit of spend this replica has settled to the counter."""
+
+    def value(self) -> int:
+        return self.base + self.own - self.mark
+
+
+@dataclass(slots=True)
+class Shape:
+    """A plan as the Redis limiter works with it."""
+
+    plan: Plan
+    buckets: tuple[tuple[str, Bucket, bool, Lease], ...]
+    """Per bucket: its key, itself, whether it counts tokens (else requests), its lease."""
+    budgets: tuple[tuple[str, Budget, SpendView], ...]
+    """Per budget: the key of the counter it reads, itself, and the counter's view."""
+    tpm: tuple[tuple[str, Lease], ...]
+    """The token buckets' keys and leases."""
+    spend_keys: tuple[str, ...]
+    """Every counter the call's spend goes to..."""
+    spend_views: tuple[SpendView, ...]
+    """...and their views (this replica's own spend is counted in them)."""
+    period_ids: tuple[str, ...]
+    grant_keys: list[str]
+    refreshing: bool = False
+    """A top-up of this plan's leases and spend views is on its way."""
+    verdict: Verdict = ALLOW
+    verdict_at: float = -math.inf
+    reuses: int = 0
+    """The last local verdict for the plan's calls, when it was built, how often reused."""
+
+
+@dataclass(slots=True)
+class Ask:
+    """One grant on its way: for a call (``done`` set) or a top-up (no one waits)."""
+
+    shape: Shape
+    done: asyncio.Future[Any] | None
+    buckets: list[tuple[int, int, int, int]] = field(default_factory=list)
+    """Per bucket: (need from Redis, extra, give back, taken from the lease)."""
+
+    def render(self) -> str:
+        """GRANT's one argument: "n", then "limit,need,extra,give" per bucket, then the
+        budgets' limits."""
+        nums = [len(self.buckets)]
+        for b, (need, more, give, _) in zip(self.shape.plan.buckets, self.buckets, strict=True):
+            nums += (b.limit, need, more, give)
+        nums += [budget.limit for budget in self.shape.plan.budgets]
+        return ",".join(map(str, nums))

@@ -1,0 +1,107 @@
+"""The Redis limiter's two scripts: GRANT (before calls) and SETTLE (after them).
+
+Times are µs on the Redis clock; a bucket is its theoretical arrival time (GCRA, as
+base.py), stored until the bucket is full again. Arguments go as one string and the
+reply comes back as one (a fraction of redis-py's work for a dozen numbers).
+"""
+
+from __future__ import annotations
+
+from gateway.limits.lease import SHARE
+
+NOW = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local W = 60000000
+local function store(key, tat)
+  if tat > now then
+    redis.call('SET', key, string.format('%.0f', tat), 'PX', math.ceil((tat - now) / 1000) + 1)
+  else
+    redis.call('DEL', key)
+  end
+end
+local function tat_of(key)
+  local tat = tonumber(redis.call('GET', key) or '0')
+  if tat < now then return now end
+  return tat
+end
+"""
+
+# KEYS: n buckets, then budgets' counters. ARGV[1]: "n", then per bucket "limit,need,extra,
+# give", then per budget its limit. need: the call's own cost (all or nothing across the
+# buckets, as base.py); extra: units the replica would like to hold beyond it (granted as
+# far as the bucket has room to spare, never failing the call); give: held units coming
+# back (applied even when the call is refused).
+# Reply: "code,which,wait" (code 0 ok, 1 bucket, 2 budget; which 1-based; wait µs, -1:
+# never fits), then ",granted,remaining,reset µs" per bucket, then ",spend" per budget.
+GRANT = (
+    NOW
+    + f"""
+local SHARE = {SHARE}
+"""
+    + """
+local a = {}
+for v in string.gmatch(ARGV[1], '[^,]+') do a[#a + 1] = tonumber(v) end
+local n = a[1]
+local code, which, wait = 0, 0, 0
+local spend = {}
+for j = 1, #KEYS - n do
+  spend[j] = tonumber(redis.call('GET', KEYS[n + j]) or '0')
+  if code == 0 and spend[j] >= a[1 + 4 * n + j] then code, which = 2, j end
+end
+local tats = {}
+for i = 1, n do
+  local o = 4 * i - 2
+  local step = W / a[o]
+  local tat = tat_of(KEYS[i])
+  if a[o + 3] > 0 then tat = math.max(tat - a[o + 3] * step, now) end
+  tats[i] = tat
+  local excess = tat + a[o + 1] * step - now - W
+  if code == 0 and a[o + 1] > 0 and excess > 0.001 then
+    code, which = 1, i
+    if a[o + 1] > a[o] then wait = -1 else wait = math.ceil(excess) end
+  end
+end
+local out = {code, which, wait}
+for i = 1, n do
+  local o = 4 * i - 2
+  local step = W / a[o]
+  local tat, granted = tats[i], 0
+  if code == 0 then
+    tat = tat + a[o + 1] * step
+    local room = math.floor((W - (tat - now)) / step + 1e-9)
+    granted = math.max(math.min(a[o + 2], math.floor(room / SHARE)), 0)
+    tat = tat + granted * step
+  end
+  if code == 0 or a[o + 3] > 0 then store(KEYS[i], tat) end
+  out[#out + 1] = granted
+  out[#out + 1] = math.max(math.floor((W - (tat - now)) / step + 1e-9), 0)
+  out[#out + 1] = math.floor(tat - now)
+end
+for j = 1, #spend do out[#out + 1] = spend[j] end
+for i = 1, #out do out[i] = string.format('%.0f', out[i]) end
+return table.concat(out, ',')
+"""
+)
+
+# KEYS: k buckets, then spend counters. ARGV: k, then "amount, limit" per bucket (amount:
+# units to charge, negative to give back), then units of spend, then a TTL per counter.
+SETTLE = (
+    NOW
+    + """
+local k = tonumber(ARGV[1])
+for i = 1, k do
+  local amount = tonumber(ARGV[2 * i])
+  if amount ~= 0 then
+    store(KEYS[i], tat_of(KEYS[i]) + amount * W / tonumber(ARGV[2 * i + 1]))
+  end
+end
+local units = ARGV[2 + 2 * k]
+if units ~= '0' then
+  for j = k + 1, #KEYS do
+    redis.call('INCRBY', KEYS[j], units)
+    redis.call('EXPIRE', KEYS[j], ARGV[2 + k + j])
+  end
+end
+"""
+)

@@ -1,0 +1,116 @@
+"""Leases against real Redis: two limiters (two replicas) share every bucket and budget.
+
+A bucket of 600 a minute refills one unit every 0.1 s and leases up to 10 units at a time;
+the bounds below allow for what refills while a test runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+import uuid
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from gateway.limits.base import Bucket, Budget, Counter, Plan
+from gateway.limits.lease import target
+from gateway.limits.redis import RedisLimiter
+from tests.integration.limits.conftest import redis_limiter
+
+RPM = 600
+PERIOD = 0.2
+"""redis.lease_period here: how long unused units stay away, and a spend view's age."""
+
+
+def refill(since: float) -> int:
+    """Units the bucket may have regained since ``since`` (one more for rounding)."""
+    return math.ceil((time.monotonic() - since) * RPM / 60) + 1
+
+
+def rpm_plan() -> Plan:
+    tag = "t-" + uuid.uuid4().hex[:8]
+    return Plan(tag, (Bucket("team", "requests", tag, RPM),), (), ())
+
+
+@pytest.fixture
+async def pair(redis_server_url: str, redis_prefix: str) -> AsyncIterator[list[RedisLimiter]]:
+    limiters = [
+        redis_limiter(redis_server_url, redis_prefix, CollectorRegistry(), lease_period=PERIOD)
+        for _ in range(2)
+    ]
+    for lim in limiters:
+        await lim.start()
+    yield limiters
+    for lim in limiters:
+        await lim.aclose()
+
+
+async def drain(lim: RedisLimiter, plan: Plan) -> int:
+    """Admit one call after another until one is refused; returns how many were served."""
+    for served in range(3 * RPM):
+        if not (await lim.admit(plan, 0)).allowed:
+            return served
+    raise AssertionError("never refused")
+
+
+async def test_a_limit_holds_across_two_replicas_with_leases(pair: list[RedisLimiter]) -> None:
+    plan, started, served = rpm_plan(), time.monotonic(), 0
+    for _ in range(3 * RPM):
+        verdicts = await asyncio.gather(*(lim.admit(plan, 0) for lim in pair for _ in range(8)))
+        served += sum(v.allowed for v in verdicts)
+        if not any(v.allowed for v in verdicts):
+            break
+    # Both refused everything: neither holds a unit it could still use, so every unit the
+    # bucket had went to a served call, and no call was served beyond it.
+    assert RPM <= served <= RPM + refill(started)
+
+
+async def test_a_grant_is_never_exceeded(pair: list[RedisLimiter]) -> None:
+    holder, other = pair
+    plan, started = rpm_plan(), time.monotonic()
+    assert (await holder.admit(plan, 0)).allowed  # the grant: this call and a lease
+    drained = await drain(other, plan)
+    assert drained >= RPM - 1 - target(RPM)
+    held = await drain(holder, plan)  # the shared bucket is empty: only the lease serves
+    assert 1 <= held <= target(RPM) + refill(started)
+    assert 1 + drained + held <= RPM + refill(started)
+
+
+async def test_unused_units_go_back_at_shutdown(pair: list[RedisLimiter]) -> None:
+    holder, other = pair
+    plan, started = rpm_plan(), time.monotonic()
+    assert (await holder.admit(plan, 0)).allowed
+    await holder.aclose()
+    assert RPM - 1 <= await drain(other, plan) <= RPM - 1 + refill(started)
+
+
+async def test_unused_units_go_back_when_they_age_out(pair: list[RedisLimiter]) -> None:
+    holder, other = pair
+    plan, started = rpm_plan(), time.monotonic()
+    assert (await holder.admit(plan, 0)).allowed
+    await asyncio.sleep(3 * PERIOD)  # past the lease's life and the sweep after it
+    assert RPM - 1 <= await drain(other, plan) <= RPM - 1 + refill(started)
+
+
+async def test_a_budget_is_exact_in_one_replica_and_reaches_the_other_within_a_period(
+    pair: list[RedisLimiter],
+) -> None:
+    spender, other = pair
+    counter = Counter("key", "k-" + uuid.uuid4().hex[:8], "d20261129")
+    budget = Budget(counter, 1_000, datetime.now(UTC) + timedelta(days=1))
+    plan = Plan("t-" + uuid.uuid4().hex[:8], (), (budget,), (counter,))
+    assert (await other.admit(plan, 0)).allowed  # its view: nothing spent
+    assert (await spender.admit(plan, 0)).allowed
+    spender.settle(plan, 0, 1_000)  # the call that crosses the budget...
+    refused = await spender.admit(plan, 0)  # ...and the next one, before any flush
+    assert not refused.allowed
+    assert refused.refused_by == budget
+    await spender.flush()
+    await asyncio.sleep(PERIOD)
+    refused = await other.admit(plan, 0)
+    assert not refused.allowed
+    assert refused.refused_by == budget
