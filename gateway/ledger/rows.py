@@ -26,10 +26,12 @@ _NO_USAGE = Usage()
 
 
 class Row(NamedTuple):
-    """One ledger row; money in integer units of 1e-10 USD (as the columns hold it)."""
+    """One ledger row; money in integer units of 1e-10 USD (as the columns hold it), and
+    ts the epoch seconds the call was received (the writer's connection encodes that float
+    for the timestamptz column: a datetime per call cost 40% of a row's COPY)."""
 
     request_id: str
-    ts: datetime
+    ts: float
     key_id: str | None
     team: str | None
     model: str | None
@@ -59,8 +61,9 @@ class Row(NamedTuple):
     latency_s: float | None
 
     def values(self) -> dict[str, Any]:
-        """Column name -> value, for statements that bind by name."""
-        return self._asdict()
+        """Column name -> value (ts as an aware datetime), for statements that bind by name
+        and for the spool."""
+        return self._asdict() | {"ts": datetime.fromtimestamp(self.ts, UTC)}
 
 
 _ID, _KEY, _TEAM, _MODEL, _BACKEND, _ERROR = (
@@ -92,7 +95,7 @@ def ledger_row(call: Call, cost: Cost) -> Row:
         Row,
         (
             call.id[:_ID],
-            datetime.fromtimestamp(call.received_wall, UTC),
+            call.received_wall,
             key and key[:_KEY],
             team and team[:_TEAM],
             request.model[:_MODEL] if request else None,
@@ -121,4 +124,4 @@ def ledger_row(call: Call, cost: Cost) -> Row:
 
 def done_wall(row: Row) -> float:
     """Wall-clock time the call ended (received + latency): where ledger lag starts."""
-    return row.ts.timestamp() + (row.latency_s or 0.0)
+    return row.ts + (row.latency_s or 0.0)

@@ -39,7 +39,7 @@ def encode(rows: Sequence[Row]) -> bytes:
 def decode(line: bytes) -> Row:
     """A spooled row; money in USD strings (spooled before migration 0004) becomes units."""
     row = orjson.loads(line)
-    row["ts"] = datetime.fromisoformat(row["ts"])
+    row["ts"] = datetime.fromisoformat(row["ts"]).timestamp()
     for name in _MONEY:
         if isinstance(row[name], str):
             row[name] = to_units(Decimal(row[name]))

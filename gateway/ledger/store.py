@@ -13,8 +13,9 @@ multi-row insert.
 from __future__ import annotations
 
 import contextlib
+import struct
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -45,7 +46,9 @@ class RowSink:
     Checking a connection out of the pool for every batch (its liveness ping, and the
     rollback when it goes back) cost more gateway CPU than COPYing a batch of a few hundred
     rows. A connection whose write failed in any way is dropped; the next batch opens a
-    fresh one (so a restarted database is picked up like with the pool's ping).
+    fresh one (so a restarted database is picked up like with the pool's ping). On
+    Postgres the connection encodes timestamptz from epoch seconds (Row.ts), so it never
+    goes back to the pool.
     """
 
     def __init__(self, engine: AsyncEngine) -> None:
@@ -60,6 +63,10 @@ class RowSink:
                 self._conn = await self._engine.connect()
                 if self._conn.dialect.name == "postgresql":
                     self._pg = await _driver(self._conn)
+                    await self._pg.set_type_codec(
+                        "timestamptz", schema="pg_catalog", encoder=_pg_time,
+                        decoder=_from_pg_time, format="binary",
+                    )  # fmt: skip
             if self._pg is not None:
                 return _new_rows(rows, await _copy_rows(self._pg, rows))
             return await _insert_sqlite(self._conn, rows)
@@ -68,12 +75,12 @@ class RowSink:
             raise
 
     async def aclose(self, broken: bool = False) -> None:
-        conn, self._conn, self._pg = self._conn, None, None
+        conn, pg, self._conn, self._pg = self._conn, self._pg, None, None
         if conn is None:
             return
         with contextlib.suppress(*DB_ERRORS):
-            if broken:
-                await conn.invalidate()  # never back into the pool: its state is unknown
+            if broken or pg is not None:
+                await conn.invalidate()  # never back into the pool: broken, or its codec
             await conn.close()
 
 
@@ -83,10 +90,24 @@ async def insert_rows(engine: AsyncEngine, rows: Sequence[Row]) -> list[Row]:
     A row whose request_id the ledger already holds (a replay after a commit whose reply
     was lost) is skipped and left out of the result, so nothing downstream counts it twice.
     """
-    async with engine.connect() as conn:
-        if conn.dialect.name == "postgresql":
-            return _new_rows(rows, await _copy_rows(await _driver(conn), rows))
-        return await _insert_sqlite(conn, rows)
+    sink = RowSink(engine)
+    try:
+        return await sink.insert(rows)
+    finally:
+        await sink.aclose()
+
+
+_PG_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
+_INT64 = struct.Struct("!q")
+
+
+def _pg_time(epoch: float) -> bytes:
+    """Epoch seconds as Postgres' binary timestamptz: int64 microseconds since 2000."""
+    return _INT64.pack(round((epoch - 946_684_800) * 1_000_000))
+
+
+def _from_pg_time(data: bytes) -> datetime:
+    return _PG_EPOCH + timedelta(microseconds=_INT64.unpack(data)[0])
 
 
 def _new_rows(rows: Sequence[Row], new: set[str] | None) -> list[Row]:

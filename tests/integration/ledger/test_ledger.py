@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -23,8 +24,11 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from gateway.flow import Call, Cost, Usage
 from gateway.ledger import Ledger
 from gateway.ledger.db import make_engine
+from gateway.ledger.migrate import upgrade
 from gateway.ledger.models import LedgerRow, Price, to_usd
 from gateway.ledger.report import cost_report, report_query
+from gateway.ledger.rows import ledger_row
+from gateway.ledger.store import insert_rows
 from tests.integration.ledger.factory import ledger_settings, make_call
 
 PRICES = {
@@ -247,3 +251,18 @@ async def test_day_reports_use_the_planner_statistics(pg_db_url: str, tmp_path: 
     finally:
         await conn.close()
     assert plan[0]["Plan"]["Plan Rows"] == 3  # without them: a group per distinct ts
+
+
+async def test_receive_time_is_stored_to_the_microsecond(db_url: str, engine: AsyncEngine) -> None:
+    """The writer encodes epoch seconds for timestamptz itself (no datetime per call)."""
+    await upgrade(engine)
+    walls = (1_800_000_000.123456, 946_684_799.999999, 1_767_225_600.0)
+    calls = [make_call("alpha", received_wall=w) for w in walls]
+    await insert_rows(engine, [ledger_row(c, Cost()) for c in calls])
+    async with engine.connect() as conn:
+        stored = (await conn.execute(select(LedgerRow.ts).order_by(LedgerRow.id))).scalars().all()
+    assert stored == [
+        datetime(2027, 1, 15, 8, 0, 0, 123456, tzinfo=UTC),
+        datetime(1999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC),
+        datetime(2026, 1, 1, tzinfo=UTC),
+    ]

@@ -25,7 +25,7 @@ def test_odd_values_are_cut_and_clamped_to_their_columns() -> None:
     assert (len(row.request_id), len(row.key_id or ""), len(row.team or "")) == (64, 64, 200)
     assert (len(row.model or ""), len(row.backend or ""), len(row.error_type or "")) == (
         200, 200, 64)  # fmt: skip
-    assert row.ts == datetime(2027, 1, 15, 8, 0, 0, 500000, tzinfo=UTC)
+    assert row.values()["ts"] == datetime(2027, 1, 15, 8, 0, 0, 500000, tzinfo=UTC)
     assert (row.status, row.stream, row.ttft_s, row.latency_s) == (32767, True, 0.25, None)
     assert (row.prompt_tokens, row.input_tokens, row.cached_tokens) == (MAX_INT, MAX_INT, 0)
     assert (row.completion_tokens, row.predicted_cached_tokens) == (7, 0)

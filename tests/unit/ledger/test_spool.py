@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import fcntl
-from datetime import UTC, datetime
 from pathlib import Path
 
 import orjson
@@ -12,7 +11,7 @@ from gateway.ledger.spool import Spool, decode, encode
 
 def row(i: int) -> Row:
     return Row(
-        request_id=f"r{i}", ts=datetime(2026, 11, 29, 12, 0, i, 250, tzinfo=UTC), key_id="k",
+        request_id=f"r{i}", ts=1_800_000_000.25 + i, key_id="k",
         team=None, model="m", backend="b", endpoint="chat", stream=True, status=200,
         error_type=None, decision="hit", served_by="upstream", disconnected=False,
         estimated=False, prompt_tokens=10, input_tokens=4, cached_tokens=6,
@@ -88,7 +87,7 @@ def test_torn_last_line_is_dropped(tmp_path: Path) -> None:
 
 def test_a_row_spooled_with_usd_money_replays_in_units(tmp_path: Path) -> None:
     """A spool left by a gateway from before migration 0004 held money as USD strings."""
-    old = row(1).values() | {"ts": row(1).ts.isoformat(), "cost_input": "0.0000000001",
+    old = row(1).values() | {"ts": "2027-01-15T08:00:01.250000+00:00", "cost_input": "0.0000000001",
                               "cost_cached_input": "0E-10", "cost_cache_write": "0",
                               "cost_output": "12.5000000000", "cost_total": "12.5000000001",
                               "cost_without_cache": "1.0000000000"}  # fmt: skip
