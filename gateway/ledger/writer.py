@@ -142,9 +142,14 @@ class LedgerWriter:
         """Insert one batch; False (and a longer backoff) if the database failed."""
         try:
             new = await self._sink.insert(rows)
-        except DB_ERRORS as exc:
+        except Exception as exc:
+            # Anything else is a bug or a schema this gateway does not know (an old gateway
+            # left running after `gateway migrate`): the rows still go to the spool, never
+            # nowhere, and wait there for a gateway that can write them.
             self._metrics.write_failures.inc()
-            if not self._retry:
+            if not isinstance(exc, DB_ERRORS):
+                log.exception("ledger write failed unexpectedly, spooling")
+            elif not self._retry:
                 log.error("ledger database write failed, spooling: %s", exc)
             self._retry = min(max(self._retry * 2, RETRY_MIN), RETRY_MAX)
             self._next_attempt = time.monotonic() + self._retry

@@ -127,3 +127,37 @@ async def test_rows_spooled_at_shutdown_are_replayed_at_next_start(
     n = len(calls)
     assert await ledger_counts(private_pg.url) == (n, n, str(n * to_units(Decimal(CALL_COST))))
     assert not list((tmp_path / "spool").glob("*.spool"))
+
+
+async def test_a_surprise_in_the_write_spools_the_batch_instead_of_losing_it(
+    pg_db_url: str, tmp_path: Path
+) -> None:
+    """An error no database raises (a bug, or rows an older gateway builds for a newer
+    schema) must not drop the batch it happened to: it waits in the spool for a writer
+    that can write it, and reaches the ledger exactly once."""
+    settings = ledger_settings(pg_db_url, tmp_path / "spool", PRICES)
+    ledger = Ledger(settings, CollectorRegistry())
+    await ledger.start()
+    writer = ledger._writer
+    assert writer is not None
+    sink = writer._sink
+    real_insert = sink.insert
+
+    async def broken(rows: object) -> object:
+        raise TypeError("an encoder that does not know this column")
+
+    sink.insert = broken  # type: ignore[method-assign]
+    calls: list[Call] = []
+    await record_for(ledger, 0.2, calls)
+    for _ in range(100):
+        if writer._spool.rows == len(calls):
+            break
+        await asyncio.sleep(0.05)
+    assert writer._spool.rows == len(calls) > 0
+    sink.insert = real_insert  # type: ignore[method-assign]
+    await ledger.aclose()  # a clean stop replays nothing new; the next start does
+    restarted = Ledger(settings, CollectorRegistry())
+    await restarted.start()
+    await restarted.aclose()
+    n = len(calls)
+    assert await ledger_counts(pg_db_url) == (n, n, str(n * to_units(Decimal(CALL_COST))))
