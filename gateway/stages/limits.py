@@ -52,7 +52,7 @@ async def admit(call: Call, body_bytes: int, limiter: Limiter) -> None:
     verdict = await limiter.admit(plan, reserved)
     if not verdict.allowed:
         raise refusal(verdict, reserved, limiter)
-    call.quota = Quota(reserved, ratelimit_headers(verdict), plan)
+    call.quota = Quota(reserved, raw_ratelimit_headers(verdict), plan)
 
 
 def settle(call: Call, limiter: Limiter) -> None:
@@ -122,6 +122,13 @@ def ratelimit_headers(verdict: Verdict) -> dict[str, str]:
             out[f"x-ratelimit-remaining-{kind}"] = str(w.remaining)
             out[f"x-ratelimit-reset-{kind}"] = duration(w.reset)
     return out
+
+
+@functools.lru_cache(maxsize=1024)
+def raw_ratelimit_headers(verdict: Verdict) -> tuple[tuple[bytes, bytes], ...]:
+    """The same as the (name, value) bytes an ASGI response carries: a served call's
+    response takes them as they are, with no encoding per call."""
+    return tuple((k.encode(), v.encode()) for k, v in ratelimit_headers(verdict).items())
 
 
 def refusal(verdict: Verdict, tokens: int, limiter: Limiter) -> GatewayError:
