@@ -104,11 +104,8 @@ def plan_for(p: Principal, day: int) -> Plan:
     return Plan(p.team, tuple(buckets), tuple(budgets), counters)
 
 
-@functools.lru_cache(maxsize=1024)
 def ratelimit_headers(verdict: Verdict) -> dict[str, str]:
-    """OpenAI's x-ratelimit-* headers, from the bucket of each kind with the least room.
-    Built once per verdict (the Redis limiter reuses one for calls close together); the
-    dict is shared, so callers copy it, never change it."""
+    """OpenAI's x-ratelimit-* headers, from the bucket of each kind with the least room."""
     tightest: dict[str, Window] = {}
     for w in verdict.windows:
         t = tightest.get(w.bucket.kind)
@@ -124,10 +121,13 @@ def ratelimit_headers(verdict: Verdict) -> dict[str, str]:
     return out
 
 
-@functools.lru_cache(maxsize=1024)
+@functools.lru_cache(maxsize=256)
 def raw_ratelimit_headers(verdict: Verdict) -> tuple[tuple[bytes, bytes], ...]:
-    """The same as the (name, value) bytes an ASGI response carries: a served call's
-    response takes them as they are, with no encoding per call."""
+    """The same as the (name, value) bytes an ASGI response carries, built once per verdict
+    (the Redis limiter hands one verdict to a plan's calls close together) and taken by a
+    served call's response as they are. A verdict is reused for a few milliseconds only,
+    so a small cache holds every one still in use; a big one would only keep dead verdicts
+    alive for the garbage collector to walk."""
     return tuple((k.encode(), v.encode()) for k, v in ratelimit_headers(verdict).items())
 
 
