@@ -120,8 +120,8 @@ class Quota:
 
     reserved_tokens: int
     """Prompt estimate plus max_tokens; the difference to the actual usage is settled later."""
-    headers: dict[str, str]
-    """The x-ratelimit-* headers for the response."""
+    headers: tuple[tuple[bytes, bytes], ...]
+    """The x-ratelimit-* headers for the response, raw (shared by calls: never changed)."""
     plan: Plan
     """What the call was charged to: its settle goes to the same buckets and counters."""
 

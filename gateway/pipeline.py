@@ -52,12 +52,11 @@ async def handle(call: Call, body: bytes, endpoint: Endpoint, svc: Services) -> 
             "x-gateway-backend": backend.name,
             **forward.passed_headers(upstream),
         }
-        if call.quota is not None:
-            headers.update(call.quota.headers)
         if call.request.stream:
             headers[OVERHEAD_HEADER] = milliseconds(overhead(call))
             scanner = EventScanner(call, strip_usage=not call.request.include_usage)
-            return StreamRelay(call, upstream, scanner, lambda c, s: finish(c, svc, s), headers)
+            relay = StreamRelay(call, upstream, scanner, lambda c, s: finish(c, svc, s), headers)
+            return with_quota(call, relay)
         raw = await forward.read_body(upstream, backend)
     except GatewayError as exc:
         call.status, call.error_type = exc.status, exc.type
@@ -67,7 +66,15 @@ async def handle(call: Call, body: bytes, endpoint: Endpoint, svc: Services) -> 
     call.done_at = time.perf_counter()
     call.usage, call.reply = usage.from_body(raw)
     headers[OVERHEAD_HEADER] = milliseconds(finish(call, svc))
-    return Response(raw, media_type="application/json", headers=headers)
+    return with_quota(call, Response(raw, media_type="application/json", headers=headers))
+
+
+def with_quota(call: Call, response: Response) -> Response:
+    """Add the x-ratelimit-* headers of a limited call, already bytes (built once per
+    verdict, not encoded again for every response)."""
+    if call.quota is not None:
+        response.raw_headers.extend(call.quota.headers)
+    return response
 
 
 async def dispatch(

@@ -7,6 +7,8 @@
 # gateway process's CPU time per request (which other load disturbs far less), then the
 # medians. COMPARE=1 also runs `gateway bench compare` both ways (a Python client: about
 # 400 req/s per target, so there it measures the client more than the gateways).
+# PROFILE=DIR first runs each side once under py-spy (400 Hz, --nonblocking) and writes
+# collapsed stacks to DIR/off.txt and DIR/on.txt (flamegraph.pl or speedscope read them).
 set -e
 G=${GATEWAY:-gateway}
 SIMARGS=${SIMARGS:---instant}
@@ -17,6 +19,7 @@ REQUESTS=${REQUESTS:-3000}
 CHAT_LUA=$(cd "$(dirname "$0")/../wrk" && pwd)/chat.lua
 TEAMLIMITS=${TEAMLIMITS:---rpm 1000000 --tpm 100000000 --budget 1000000}
 KEYLIMITS=${KEYLIMITS:---rpm 1000000 --tpm 100000000 --budget 1000000}
+PROFILE=${PROFILE:+$(realpath -m "$PROFILE")}
 WORK=$(mktemp -d /tmp/gw-auth-bench-XXXXXX)
 cd "$WORK"
 DB=gw_keysbench_$$
@@ -63,6 +66,16 @@ run() {  # prints "req/s cpu-us-per-request"
 }
 declare -A RPS CPU
 run on >/dev/null; run off >/dev/null   # warm up both
+if [ -n "${PROFILE:-}" ]; then
+  mkdir -p "$PROFILE"
+  for side in off on; do
+    py-spy record --nonblocking -r 400 -d $((SECONDS_PER_RUN + 1)) -f raw \
+      -o "$PROFILE/$side.txt" -p "$(pid $side)" > /dev/null 2>&1 & spy=$!
+    sleep 0.5
+    echo "profiled auth+limits $side: $(run $side) (req/s, us CPU/request; py-spy slows it)"
+    wait $spy
+  done
+fi
 for i in $(seq $ROUNDS); do
   for side in off on; do
     read -r rps us < <(run $side)

@@ -12,7 +12,7 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -22,7 +22,7 @@ V = TypeVar("V")
 
 
 @dataclass(slots=True)
-class _Entry(Generic[V]):
+class Entry(Generic[V]):
     value: V | None
     at: float
 
@@ -39,18 +39,26 @@ class LookupCache(Generic[V]):
         self._size = size
         self._stale_on = stale_on
         self._clock = clock
-        self._entries: OrderedDict[str, _Entry[V]] = OrderedDict()
-        self._loading: dict[str, asyncio.Future[V | None]] = {}
+        self._entries: OrderedDict[Hashable, Entry[V]] = OrderedDict()
+        self._loading: dict[Hashable, asyncio.Future[V | None]] = {}
 
     def __len__(self) -> int:
         return len(self._entries)
 
-    async def get(self, key: str, load: Callable[[], Awaitable[V | None]]) -> V | None:
-        """The cached answer while fresh, else what ``load`` finds now (None: not found)."""
+    def fresh(self, key: Hashable) -> Entry[V] | None:
+        """The entry while fresh, else None: the whole of a hit, with no await."""
         entry = self._entries.get(key)
         if entry is not None and self._clock() - entry.at < self._ttl:
             self._entries.move_to_end(key)
+            return entry
+        return None
+
+    async def get(self, key: Hashable, load: Callable[[], Awaitable[V | None]]) -> V | None:
+        """The cached answer while fresh, else what ``load`` finds now (None: not found)."""
+        entry = self.fresh(key)
+        if entry is not None:
             return entry.value
+        entry = self._entries.get(key)
         waiting = self._loading.get(key)
         if waiting is not None:
             try:
@@ -65,7 +73,7 @@ class LookupCache(Generic[V]):
         self._entries.clear()
 
     async def _load(
-        self, key: str, load: Callable[[], Awaitable[V | None]], stale: _Entry[V] | None
+        self, key: Hashable, load: Callable[[], Awaitable[V | None]], stale: Entry[V] | None
     ) -> V | None:
         done: asyncio.Future[V | None] = asyncio.get_running_loop().create_future()
         self._loading[key] = done
@@ -86,8 +94,8 @@ class LookupCache(Generic[V]):
         done.set_result(value)
         return value
 
-    def _put(self, key: str, value: V | None) -> None:
-        self._entries[key] = _Entry(value, self._clock())
+    def _put(self, key: Hashable, value: V | None) -> None:
+        self._entries[key] = Entry(value, self._clock())
         self._entries.move_to_end(key)
         while len(self._entries) > self._size:
             self._entries.popitem(last=False)

@@ -7,16 +7,17 @@ about models outside its list.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 
 from gateway.errors import ModelNotFound
 from gateway.flow import Principal
 from gateway.keys import KeyRing
 
 
-async def authenticate(headers: Mapping[str, str], keys: KeyRing) -> Principal:
-    """The principal for ``Authorization: Bearer gk-...``; 401 invalid_api_key otherwise."""
-    return await keys.authenticate(headers.get("authorization"))
+def authenticate(headers: Mapping[str, str], keys: KeyRing) -> Awaitable[Principal]:
+    """The principal for ``Authorization: Bearer gk-...``; 401 invalid_api_key otherwise.
+    (The keyring's coroutine itself, not one wrapped in another: this runs on every call.)"""
+    return keys.authenticate(headers.get("authorization"))
 
 
 def authorize_model(principal: Principal, model: str) -> None:

@@ -52,7 +52,7 @@ async def admit(call: Call, body_bytes: int, limiter: Limiter) -> None:
     verdict = await limiter.admit(plan, reserved)
     if not verdict.allowed:
         raise refusal(verdict, reserved, limiter)
-    call.quota = Quota(reserved, ratelimit_headers(verdict), plan)
+    call.quota = Quota(reserved, raw_ratelimit_headers(verdict), plan)
 
 
 def settle(call: Call, limiter: Limiter) -> None:
@@ -104,11 +104,8 @@ def plan_for(p: Principal, day: int) -> Plan:
     return Plan(p.team, tuple(buckets), tuple(budgets), counters)
 
 
-@functools.lru_cache(maxsize=1024)
 def ratelimit_headers(verdict: Verdict) -> dict[str, str]:
-    """OpenAI's x-ratelimit-* headers, from the bucket of each kind with the least room.
-    Built once per verdict (the Redis limiter reuses one for calls close together); the
-    dict is shared, so callers copy it, never change it."""
+    """OpenAI's x-ratelimit-* headers, from the bucket of each kind with the least room."""
     tightest: dict[str, Window] = {}
     for w in verdict.windows:
         t = tightest.get(w.bucket.kind)
@@ -122,6 +119,16 @@ def ratelimit_headers(verdict: Verdict) -> dict[str, str]:
             out[f"x-ratelimit-remaining-{kind}"] = str(w.remaining)
             out[f"x-ratelimit-reset-{kind}"] = duration(w.reset)
     return out
+
+
+@functools.lru_cache(maxsize=256)
+def raw_ratelimit_headers(verdict: Verdict) -> tuple[tuple[bytes, bytes], ...]:
+    """The same as the (name, value) bytes an ASGI response carries, built once per verdict
+    (the Redis limiter hands one verdict to a plan's calls close together) and taken by a
+    served call's response as they are. A verdict is reused for a few milliseconds only,
+    so a small cache holds every one still in use; a big one would only keep dead verdicts
+    alive for the garbage collector to walk."""
+    return tuple((k.encode(), v.encode()) for k, v in ratelimit_headers(verdict).items())
 
 
 def refusal(verdict: Verdict, tokens: int, limiter: Limiter) -> GatewayError:

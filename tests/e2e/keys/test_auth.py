@@ -127,3 +127,17 @@ def test_served_calls_carry_openais_ratelimit_headers(gateway: str) -> None:
     assert h["x-ratelimit-reset-requests"].endswith("ms")
     assert h["x-ratelimit-limit-tokens"] == "100000"
     assert 99_900 < int(h["x-ratelimit-remaining-tokens"]) < 100_000
+
+
+def test_streamed_calls_carry_the_ratelimit_headers_too(gateway: str) -> None:
+    _, secret = issue_key(gateway, "stream-headers", rpm=100, tpm=100_000)
+    with (
+        client(gateway, secret) as c,
+        c.chat.completions.with_streaming_response.create(
+            model=MODEL, messages=MESSAGES, max_tokens=2, stream=True
+        ) as raw,
+    ):
+        assert raw.headers["x-ratelimit-limit-requests"] == "100"
+        assert raw.headers["x-ratelimit-limit-tokens"] == "100000"
+        assert int(raw.headers["x-ratelimit-remaining-requests"]) < 100
+        assert [chunk for chunk in raw.parse()]

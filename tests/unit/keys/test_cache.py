@@ -42,6 +42,19 @@ async def test_found_and_not_found_are_both_kept_for_the_ttl() -> None:
     assert src.loads == 3
 
 
+async def test_fresh_answers_a_hit_without_loading_and_nothing_once_aged() -> None:
+    clock, src = Clock(), Source({"a": "A"})
+    cache: LookupCache[str] = LookupCache(5.0, 10, clock=clock)
+    assert cache.fresh("a") is None
+    await cache.get("a", lambda: src.load("a"))
+    hit = cache.fresh("a")
+    assert hit is not None
+    assert hit.value == "A"
+    clock.now = 5.1
+    assert cache.fresh("a") is None
+    assert src.loads == 1
+
+
 async def test_concurrent_misses_share_one_load() -> None:
     src = Source({"a": "A"})
     cache: LookupCache[str] = LookupCache(5.0, 10)

@@ -66,6 +66,10 @@ def test_headers_report_the_tightest_bucket_of_each_kind() -> None:
         "x-ratelimit-remaining-tokens": "950",
         "x-ratelimit-reset-tokens": "3s",
     }
+    raw = limits.raw_ratelimit_headers(verdict)
+    assert raw[:2] == ((b"x-ratelimit-limit-requests", b"10"),
+                       (b"x-ratelimit-remaining-requests", b"3"))  # fmt: skip
+    assert len(raw) == 6
 
 
 @pytest.mark.parametrize(
