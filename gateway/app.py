@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -26,6 +27,9 @@ def create_app(settings: Settings) -> ProxyEndpoints:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with Services.open(settings) as services:
             app.state.services = services
+            if settings.server.gc_freeze:
+                gc.collect()
+                gc.freeze()
             yield
 
     app = FastAPI(

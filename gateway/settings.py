@@ -32,6 +32,10 @@ class ServerSettings(Section):
     """Requests with a larger body are refused with 413 before they are parsed."""
     log_level: str = "info"
     access_log: bool = True
+    gc_freeze: bool = True
+    """Move everything alive once started (modules, settings, tokenizer tables: ~146k
+    objects) out of the garbage collector's sight. Its full collections walked them all,
+    ~50 ms each, 10-15 us per call under load; they never become garbage anyway."""
 
 
 class UpstreamSettings(Section):
