@@ -109,11 +109,16 @@ async def dispatch(
 
 
 async def route(call: Call, model: Model, svc: Services, exclude: set[str]) -> Route:
-    """Ask the index who holds the prompt's prefix, then let the policy weigh it against load."""
+    """Ask the index who holds the prompt's prefix, then let the policy weigh it against load.
+
+    The loads are read after the lookup, which may be a Redis round trip: read before, two
+    calls arriving together would both see the same least loaded backend, as neither had
+    been counted in yet. From the read to ``occupy`` there is no await.
+    """
     assert call.request is not None
-    candidates = svc.backends.candidates(model, exclude)
     key = call.prefix
     if key is None:  # embeddings: no KV cache to aim for
+        candidates = svc.backends.candidates(model, exclude)
         least = min((c for c in candidates if c.healthy), key=lambda c: c.load)
         return Route(backend=least.name)
     matches = await svc.index.lookup(model.name, key.hashes) if key.hashes else {}
@@ -121,7 +126,7 @@ async def route(call: Call, model: Model, svc: Services, exclude: set[str]) -> R
         model.name,
         key,
         matches,
-        candidates,
+        svc.backends.candidates(model, exclude),
         index_ok=svc.index.healthy,
         session=call.request.session,
     )
