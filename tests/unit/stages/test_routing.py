@@ -107,16 +107,40 @@ def test_unhealthy_backends_are_never_chosen(policy: CacheAware) -> None:
             p.choose("m", key(5), {"b0": 5}, pool(0, unhealthy=("b0",)))
 
 
-def test_misses_spread_by_the_anchor_when_loads_tie(policy: CacheAware) -> None:
-    picks = Counter(
-        policy.choose("m", key(10, anchor=a), {}, pool(0, 0, 0)).backend for a in range(300)
+def test_misses_take_turns_among_equally_queued_backends(policy: CacheAware) -> None:
+    """Conversations that start together must not share a backend just because it looked
+    least loaded for a moment: among equal queues, the one given a new prompt longest ago."""
+    picks = [policy.choose("m", key(10, anchor=a), {}, pool(0, 0, 0)).backend for a in range(9)]
+    assert (
+        Counter(picks[:3])
+        == Counter(picks[3:6])
+        == Counter(picks[6:])
+        == Counter({"b0": 1, "b1": 1, "b2": 1})
     )
-    assert set(picks) == {"b0", "b1", "b2"}
-    assert min(picks.values()) > 60
-    again = [policy.choose("m", key(10, anchor=a), {}, pool(0, 0, 0)).backend for a in range(20)]
-    assert again == [
-        policy.choose("m", key(10, anchor=a), {}, pool(0, 0, 0)).backend for a in range(20)
+    # KV usage orders backends no more than that: the freshest placement still waits.
+    cands = [
+        Candidate("b0", True, in_flight=1, kv_usage=0.1),
+        Candidate("b1", True, in_flight=1, kv_usage=0.9),
+        Candidate("b2", True, in_flight=1, kv_usage=0.5),
     ]
+    fresh = CacheAware(RoutingSettings())
+    assert [fresh.choose("m", key(10, anchor=a), {}, cands).backend for a in range(3)] == [
+        "b0",
+        "b2",
+        "b1",
+    ]
+    # Fewer requests queued still comes first.
+    assert fresh.choose("m", key(10), {}, [*cands[:2], Candidate("b2", True, 0)]).backend == "b2"
+
+
+def test_the_first_placements_spread_by_the_anchor() -> None:
+    """With nothing placed yet, ties fall to the rendezvous hash, never to "backend 0"."""
+    firsts = Counter(
+        CacheAware(RoutingSettings()).choose("m", key(10, anchor=a), {}, pool(0, 0, 0)).backend
+        for a in range(300)
+    )
+    assert set(firsts) == {"b0", "b1", "b2"}
+    assert min(firsts.values()) > 60
 
 
 def test_session_pins_when_the_prefix_is_unknown(policy: CacheAware) -> None:
