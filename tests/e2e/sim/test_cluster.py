@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.servers import gateway_process
+from tests.servers import consecutive_free_ports, gateway_process
 
 
 def cache_blocks(base: str) -> str:
@@ -18,8 +18,9 @@ def cache_blocks(base: str) -> str:
 
 def test_instances_serve_consecutive_ports_with_their_own_cache_sizes() -> None:
     with gateway_process(
-        "sim", "--instances", "2", "--cache-blocks", "64,128", "--instant"
-    ) as first:
+        "sim", "--instances", "2", "--cache-blocks", "64,128", "--instant",
+        port=consecutive_free_ports(2),
+    ) as first:  # fmt: skip
         host, port = first.rsplit(":", 1)
         second = f"{host}:{int(port) + 1}"
         body = {
