@@ -17,6 +17,7 @@ ROUNDS=${ROUNDS:-5}
 SECONDS_PER_RUN=${SECONDS_PER_RUN:-5}
 REQUESTS=${REQUESTS:-3000}
 CHAT_LUA=$(cd "$(dirname "$0")/../wrk" && pwd)/chat.lua
+. "$(dirname "$0")/lib.sh"
 TEAMLIMITS=${TEAMLIMITS:---rpm 1000000 --tpm 100000000 --budget 1000000}
 KEYLIMITS=${KEYLIMITS:---rpm 1000000 --tpm 100000000 --budget 1000000}
 PROFILE=${PROFILE:+$(realpath -m "$PROFILE")}
@@ -52,15 +53,14 @@ sleep 8
 $G keys teams create bench $TEAMLIMITS --config on.yaml > /dev/null
 KEY=$($G keys create --team bench $KEYLIMITS --config on.yaml 2>/dev/null | python3 -c "import sys,json;print(json.load(sys.stdin)['key'])")
 curl -sf -o /dev/null http://127.0.0.1:18712/v1/chat/completions -H "authorization: Bearer $KEY" -H 'content-type: application/json' -d '{"model":"sim-model","messages":[{"role":"user","content":"hi"}],"max_tokens":2}' && echo "key works"
-cpu() { awk '{print $14+$15}' /proc/$1/stat; }
 pid() { [ $1 = off ] && echo $OFFPID || echo $ONPID; }
 url() { echo "http://127.0.0.1:$([ $1 = off ] && echo 18711 || echo 18712)/v1"; }
 HZ=$(getconf CLK_TCK)
 run() {  # prints "req/s cpu-us-per-request"
   local before after out
-  before=$(cpu $(pid $1))
+  before=$(cpu_ticks $(pid $1))
   out=$(wrk -t1 -c$CONC -d${SECONDS_PER_RUN}s -s "$CHAT_LUA" "$(url $1)/chat/completions" -- sim-model "$KEY")
-  after=$(cpu $(pid $1))
+  after=$(cpu_ticks $(pid $1))
   echo "$out" | awk -v t=$((after - before)) -v hz="$HZ" \
     '/requests in/ {n=$1} /Requests\/sec/ {rps=$2} /Non-2xx/ {bad=$NF} END {if (bad) print "non-2xx: " bad > "/dev/stderr"; printf "%.1f %.1f\n", rps, t / hz * 1e6 / n}'
 }
@@ -83,7 +83,6 @@ for i in $(seq $ROUNDS); do
     echo "round $i auth+limits $side: $rps req/s, $us us CPU/request"
   done
 done
-median() { tr ' ' '\n' | grep . | sort -g | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2}'; }
 for side in off on; do
   echo "median auth+limits $side: $(echo "${RPS[$side]}" | median) req/s, $(echo "${CPU[$side]}" | median) us CPU/request"
 done
@@ -91,8 +90,8 @@ done
 for order in "off on" "on off"; do
   args=()
   for s in $order; do args+=(--target "$s=$(url $s)"); done
-  a0=$(cpu $OFFPID); b0=$(cpu $ONPID)
+  a0=$(cpu_ticks $OFFPID); b0=$(cpu_ticks $ONPID)
   $G bench compare "${args[@]}" --api-key "$KEY" --workload tiny --concurrency $CONC --requests $REQUESTS --warmup 50 --no-progress
-  a1=$(cpu $OFFPID); b1=$(cpu $ONPID)
+  a1=$(cpu_ticks $OFFPID); b1=$(cpu_ticks $ONPID)
   echo "gateway CPU per request (us): off $(( (a1-a0) * 1000000 / HZ / REQUESTS )) on $(( (b1-b0) * 1000000 / HZ / REQUESTS ))"
 done

@@ -23,7 +23,7 @@ trap 'kill $(jobs -p) 2>/dev/null; wait 2>/dev/null; rm -rf "$WORK"' EXIT
 
 port() { "$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 wait_up() { for _ in $(seq 600); do curl -fs "$1" >/dev/null && return; sleep 0.2; done; echo "no answer: $1" >&2; exit 1; }
-cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+. deploy/bench/lib.sh
 
 SIM=$(port)
 "$PY" -m gateway sim --instant --port "$SIM" >"$WORK/sim.log" 2>&1 &
@@ -85,7 +85,6 @@ for i in $(seq "$ROUNDS"); do
     echo "round $i $SWITCH $mode: $rps req/s, $cpu $UNIT"
   done
 done
-median() { tr ' ' '\n' | grep . | sort -g | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2}'; }
 for mode in on off; do
   echo "median $SWITCH $mode: $(echo "${RPS[$mode]}" | median) req/s," \
     "$(echo "${CPU[$mode]}" | median) $UNIT"
