@@ -9,6 +9,12 @@
 # 400 req/s per target, so there it measures the client more than the gateways).
 # PROFILE=DIR first runs each side once under py-spy (400 Hz, --nonblocking) and writes
 # collapsed stacks to DIR/off.txt and DIR/on.txt (flamegraph.pl or speedscope read them).
+# CALLGRIND=1 runs both gateways under valgrind's callgrind, counting only while wrk runs,
+# and reports instructions per request instead of CPU time: the same on a busy machine as
+# on a quiet one, where CPU time per request drifts by 10-20% from one run to the next.
+# At callgrind's ~100 req/s every interval of the gateway is stretched by SCALE (default
+# 30) so that a Redis round, a ledger batch and a key reload serve as many calls as at
+# full speed.
 set -e
 G=${GATEWAY:-gateway}
 SIMARGS=${SIMARGS:---instant}
@@ -21,6 +27,8 @@ CHAT_LUA=$(cd "$(dirname "$0")/../wrk" && pwd)/chat.lua
 TEAMLIMITS=${TEAMLIMITS:---rpm 1000000 --tpm 100000000 --budget 1000000}
 KEYLIMITS=${KEYLIMITS:---rpm 1000000 --tpm 100000000 --budget 1000000}
 PROFILE=${PROFILE:+$(realpath -m "$PROFILE")}
+SCALE=${SCALE:-$([ -n "${CALLGRIND:-}" ] && echo 30 || echo 1)}
+stretch() { python3 -c "print($1 * $SCALE)"; }
 WORK=$(mktemp -d /tmp/gw-auth-bench-XXXXXX)
 cd "$WORK"
 DB=gw_keysbench_$$
@@ -41,28 +49,41 @@ for side in off on; do
 server: {access_log: false}
 models: [{name: sim-model, backends: [{url: "http://127.0.0.1:$sim"}], price: {input: "0.15", cached_input: "0.075", output: "0.6"}}]
 database: {url: "$URL", auto_migrate: true}
-ledger: {spool_dir: "$WORK/spool-$side"}
-redis: {url: "redis://127.0.0.1:6379/0", key_prefix: "$PFX", timeout: 1.0}
-auth: {enabled: $enabled, admin_key: adm, pepper: bench-pepper}
+ledger: {spool_dir: "$WORK/spool-$side", flush_interval: $(stretch 0.05)}
+redis: {url: "redis://127.0.0.1:6379/0", key_prefix: "$PFX", timeout: 1.0,
+        lease_period: $(stretch 1.0), settle_interval: $(stretch 0.05)}
+auth: {enabled: $enabled, admin_key: adm, pepper: bench-pepper, cache_ttl: $(stretch 5.0)}
 YAML
 done
-$G serve --config off.yaml --port 18711 > off.log 2>&1 & pids+=($!); OFFPID=$!
-sleep 8
-$G serve --config on.yaml --port 18712 > on.log 2>&1 & pids+=($!); ONPID=$!
-sleep 8
+wait_up() { for _ in $(seq 600); do curl -fs "$1" >/dev/null && return; sleep 0.2; done; echo "no answer: $1" >&2; exit 1; }
+serve() {  # $1: off or on
+  exec ${CALLGRIND:+valgrind --tool=callgrind --instr-atstart=no --trace-children=yes \
+    --callgrind-out-file="$WORK/$1.cg"} $G serve --config $1.yaml --port "$2" > $1.log 2>&1
+}
+serve off 18711 & pids+=($!); OFFPID=$!
+serve on 18712 & pids+=($!); ONPID=$!
+wait_up http://127.0.0.1:18711/health; wait_up http://127.0.0.1:18712/health
 $G keys teams create bench $TEAMLIMITS --config on.yaml > /dev/null
 KEY=$($G keys create --team bench $KEYLIMITS --config on.yaml 2>/dev/null | python3 -c "import sys,json;print(json.load(sys.stdin)['key'])")
 curl -sf -o /dev/null http://127.0.0.1:18712/v1/chat/completions -H "authorization: Bearer $KEY" -H 'content-type: application/json' -d '{"model":"sim-model","messages":[{"role":"user","content":"hi"}],"max_tokens":2}' && echo "key works"
 pid() { [ $1 = off ] && echo $OFFPID || echo $ONPID; }
 url() { echo "http://127.0.0.1:$([ $1 = off ] && echo 18711 || echo 18712)/v1"; }
 HZ=$(getconf CLK_TCK)
-run() {  # prints "req/s cpu-us-per-request"
-  local before after out
-  before=$(cpu_ticks $(pid $1))
-  out=$(wrk -t1 -c$CONC -d${SECONDS_PER_RUN}s -s "$CHAT_LUA" "$(url $1)/chat/completions" -- sim-model "$KEY")
-  after=$(cpu_ticks $(pid $1))
-  echo "$out" | awk -v t=$((after - before)) -v hz="$HZ" \
-    '/requests in/ {n=$1} /Requests\/sec/ {rps=$2} /Non-2xx/ {bad=$NF} END {if (bad) print "non-2xx: " bad > "/dev/stderr"; printf "%.1f %.1f\n", rps, t / hz * 1e6 / n}'
+load() { wrk -t1 -c$CONC -d${SECONDS_PER_RUN}s -s "$CHAT_LUA" "$(url $1)/chat/completions" -- sim-model "$KEY"; }
+UNIT="us CPU/request"; [ -n "${CALLGRIND:-}" ] && UNIT="instructions/request"
+run() {  # prints "req/s cost-per-request" (cost: CPU microseconds, or instructions)
+  local before after out cost
+  if [ -n "${CALLGRIND:-}" ]; then
+    out=$(callgrind_during "$(pid $1)" "$WORK/$1.cg" load $1)
+    cost=$(echo "$out" | tail -n 1)
+  else
+    before=$(cpu_ticks $(pid $1))
+    out=$(load $1)
+    after=$(cpu_ticks $(pid $1))
+    cost=$(python3 -c "print(($after - $before) / $HZ * 1e6)")
+  fi
+  echo "$out" | awk -v c="$cost" \
+    '/requests in/ {n=$1} /Requests\/sec/ {rps=$2} /Non-2xx/ {bad=$NF} END {if (bad) print "non-2xx: " bad > "/dev/stderr"; printf "%.1f %.1f\n", rps, c / n}'
 }
 declare -A RPS CPU
 run on >/dev/null; run off >/dev/null   # warm up both
@@ -80,11 +101,11 @@ for i in $(seq $ROUNDS); do
   for side in off on; do
     read -r rps us < <(run $side)
     RPS[$side]="${RPS[$side]:-} $rps"; CPU[$side]="${CPU[$side]:-} $us"
-    echo "round $i auth+limits $side: $rps req/s, $us us CPU/request"
+    echo "round $i auth+limits $side: $rps req/s, $us $UNIT"
   done
 done
 for side in off on; do
-  echo "median auth+limits $side: $(echo "${RPS[$side]}" | median) req/s, $(echo "${CPU[$side]}" | median) us CPU/request"
+  echo "median auth+limits $side: $(echo "${RPS[$side]}" | median) req/s, $(echo "${CPU[$side]}" | median) $UNIT"
 done
 [ "${COMPARE:-0}" = 1 ] || exit 0
 for order in "off on" "on off"; do

@@ -50,24 +50,13 @@ done
 
 HZ=$(getconf CLK_TCK)
 declare -A RPS CPU
-instructions() {  # callgrind's count since the last dump (each dump zeroes it)
-  local dumps file
-  dumps=$(find "$WORK/$1" -name 'callgrind.out.*' | wc -l)
-  file="$WORK/$1/callgrind.out.$((dumps + 1))"  # dumps are numbered from 1
-  callgrind_control -d "${PID[$1]}" >/dev/null 2>&1
-  for _ in $(seq 300); do grep -q '^totals:' "$file" 2>/dev/null && break; sleep 0.1; done
-  awk '/^totals:/ {print $2; exit}' "$file"
-}
 load() { wrk -t1 -c16 -d"${SECONDS_PER_RUN}s" -s deploy/wrk/chat.lua "http://127.0.0.1:${PORT[$1]}/v1/chat/completions"; }
 UNIT="us CPU/request"; [ -n "${CALLGRIND:-}" ] && UNIT="instructions/request"
 run() {  # prints "req/s cost-per-request" (cost: CPU microseconds, or instructions)
   local before after out cost
   if [ -n "${CALLGRIND:-}" ]; then
-    instructions "$1" >/dev/null
-    callgrind_control -i on "${PID[$1]}" >/dev/null 2>&1
-    out=$(load "$1")
-    callgrind_control -i off "${PID[$1]}" >/dev/null 2>&1
-    cost=$(instructions "$1")
+    out=$(callgrind_during "${PID[$1]}" "$WORK/$1/callgrind.out" load "$1")
+    cost=$(echo "$out" | tail -n 1)
   else
     before=$(cpu_ticks "${PID[$1]}")
     out=$(load "$1")
