@@ -19,9 +19,12 @@ Decision = Literal["hit", "miss", "overflow", "affinity", "fallback", "none"]
 Period = Literal["day", "month"]
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True, frozen=True, eq=False)
 class Principal:
-    """Who is calling: set by stages.auth."""
+    """Who is calling: set by stages.auth. Compared and hashed by identity: the key cache
+    hands out one object per key until it reloads it, and the limits stage memoizes the
+    plan per principal (hashing eleven fields, two of them Decimals, on every call cost
+    more than building the plan did)."""
 
     key_id: str | None
     team: str | None

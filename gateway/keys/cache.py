@@ -1,7 +1,7 @@
 """A bounded, time-limited memo of key lookups, so the hot path makes no database query.
 
 Found and not-found answers are both kept for ``ttl`` seconds (a flood of one wrong key
-costs one query per ttl), the least recently used beyond ``size`` are forgotten, and
+costs one query per ttl), the longest loaded beyond ``size`` are forgotten, and
 concurrent misses for the same key share one load. While the database fails, an expired
 answer is served rather than locking out every key whose entry just aged.
 """
@@ -24,7 +24,8 @@ V = TypeVar("V")
 @dataclass(slots=True)
 class Entry(Generic[V]):
     value: V | None
-    at: float
+    until: float
+    """When it stops being fresh (a clock reading)."""
 
 
 class LookupCache(Generic[V]):
@@ -48,8 +49,7 @@ class LookupCache(Generic[V]):
     def fresh(self, key: Hashable) -> Entry[V] | None:
         """The entry while fresh, else None: the whole of a hit, with no await."""
         entry = self._entries.get(key)
-        if entry is not None and self._clock() - entry.at < self._ttl:
-            self._entries.move_to_end(key)
+        if entry is not None and self._clock() < entry.until:
             return entry
         return None
 
@@ -95,8 +95,12 @@ class LookupCache(Generic[V]):
         return value
 
     def _put(self, key: Hashable, value: V | None) -> None:
-        self._entries[key] = Entry(value, self._clock())
-        self._entries.move_to_end(key)
+        """Insert at the end: the entries are in the order they were loaded, so the first
+        is the one loaded longest ago, the one to forget when the cache is full (a hit does
+        not reorder them: that bookkeeping cost more than the rest of a hit, and an entry
+        must be loaded again after ttl anyway)."""
+        self._entries.pop(key, None)
+        self._entries[key] = Entry(value, self._clock() + self._ttl)
         while len(self._entries) > self._size:
             self._entries.popitem(last=False)
 

@@ -134,6 +134,11 @@ class Limiter(Protocol):
 
     async def aclose(self) -> None: ...
 
+    def check(self, plan: Plan, tokens: int) -> Verdict | None:
+        """What ``admit`` would answer, if it can answer without I/O (the common call:
+        the stage tries this first and awaits nothing); None when it needs the store."""
+        ...
+
     async def admit(self, plan: Plan, tokens: int) -> Verdict:
         """Check every bucket and budget of the plan and charge the buckets if all pass
         (one request each from request buckets, ``tokens`` from token buckets).

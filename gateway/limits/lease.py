@@ -51,6 +51,8 @@ class Lease:
     """The shared bucket's room after the last grant (for the headers)."""
     reset: float = 0.0
     """Seconds the shared bucket needed then to be full again."""
+    due: int = 0
+    """Tokens settled here that the bucket must still be told of (the sender's next round)."""
 
     def __post_init__(self) -> None:
         self.target = target(self.limit)
@@ -129,6 +131,10 @@ class Shape:
     grant_keys: list[str]
     refreshing: bool = False
     """A top-up of this plan's leases and spend views is on its way."""
+    units_due: int = 0
+    """Spend of its calls settled since the sender last took it..."""
+    due: bool = False
+    """...and whether the shape is on the sender's list (its leases may hold ``due`` too)."""
     verdict: Verdict = ALLOW
     verdict_at: float = -math.inf
     reuses: int = 0

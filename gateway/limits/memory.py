@@ -48,6 +48,9 @@ class MemoryLimiter:
         return None
 
     async def admit(self, plan: Plan, tokens: int) -> Verdict:
+        return self.check(plan, tokens)
+
+    def check(self, plan: Plan, tokens: int) -> Verdict:
         now = self._clock()
         for budget in plan.budgets:
             if self._spend.get(budget.counter, 0) >= budget.limit:

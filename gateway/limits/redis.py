@@ -71,7 +71,7 @@ from gateway.settings import RedisSettings
 log = logging.getLogger(__name__)
 
 REDIS_ERRORS = (RedisError, OSError, TimeoutError)
-FRESH, REUSES = 0.01, 16
+FRESH, REUSES = 0.01, 64
 """A plan's verdict (and so its x-ratelimit-* headers) is reused for its calls for up to
 FRESH seconds and REUSES calls: the headers lag by at most that much of its traffic."""
 SHAPES = 10_000
@@ -94,6 +94,8 @@ class RedisLimiter:
         self._inflight: list[Ask] = []
         """The grants of the round on its way (failed with it if it fails unexpectedly)."""
         self._pending: dict[tuple[str, ...], list[Any]] = {}
+        self._due: list[Shape] = []
+        """Shapes whose calls settled since the last round (folded into _pending then)."""
         self._leases: dict[str, Lease] = {}
         self._views: dict[str, SpendView] = {}
         """Bucket / counter key -> its lease / spend view; the shapes that use them keep
@@ -125,14 +127,17 @@ class RedisLimiter:
             self._task = None
         await self._client.aclose()
 
-    async def admit(self, plan: Plan, tokens: int) -> Verdict:
-        if not (plan.buckets or plan.budgets) or time.monotonic() < self._retry_at:
-            return ALLOW
-        shape = self._shape(plan)
+    def check(self, plan: Plan, tokens: int) -> Verdict | None:
         now = time.monotonic()
-        verdict = self._local(shape, tokens, now)
+        if not (plan.buckets or plan.budgets) or now < self._retry_at:
+            return ALLOW
+        return self._local(self._shape(plan), tokens, now)
+
+    async def admit(self, plan: Plan, tokens: int) -> Verdict:
+        verdict = self.check(plan, tokens)
         if verdict is not None:
             return verdict
+        shape, now = self._shape(plan), time.monotonic()
         ask = self._ask(shape, tokens, now, asyncio.get_running_loop().create_future())
         assert ask.done is not None
         try:
@@ -145,23 +150,24 @@ class RedisLimiter:
         return verdict
 
     def settle(self, plan: Plan, tokens: int, units: int) -> None:
+        """Only counts here: the sender turns what its shapes owe into SETTLE commands."""
         if not (tokens and plan.buckets) and not units:
             return
         shape = self._shape(plan)
-        charges: list[tuple[str, int, int]] = []
         if tokens:
             now = time.monotonic()
-            for key, lease in shape.tpm:
-                amount = lease.reconcile(tokens, now)
-                if amount:
-                    charges.append((key, amount, lease.limit))
+            for _, lease in shape.tpm:
+                lease.due += lease.reconcile(tokens, now)
         if units:
             for view in shape.spend_views:
                 view.own += units
-        elif not charges:
-            return
-        keys = (*(key for key, _, _ in charges), *shape.spend_keys) if charges else shape.spend_keys
-        self._add(keys, charges, units, shape.period_ids if units else ())
+            shape.units_due += units
+        if not shape.due:
+            shape.due = True
+            self._due.append(shape)
+            if len(self._due) == 1:
+                self._idle.clear()
+                self._wake.set()
 
     async def seed(self, seeds: Iterable[Seed]) -> None:
         """Never fails the start: without Redis, budgets fail open like everything else."""
@@ -186,19 +192,22 @@ class RedisLimiter:
     def _local(self, shape: Shape, tokens: int, now: float) -> Verdict | None:
         """The answer from what this replica holds, or None when it takes a round trip.
         Plain loops over the shape's own leases and views: this runs on every call."""
+        stale = False
         for _, budget, view in shape.budgets:
-            if now - view.read_at >= self._period:
+            age = now - view.read_at
+            if age >= self._period:
                 return None
-            if view.value() >= budget.limit:
+            if view.base + view.own - view.mark >= budget.limit:  # view.value(), inlined
                 return Verdict(False, self._windows(shape), budget, None)
+            stale = stale or age >= self._period / 2
         for _, _, tokens_kind, lease in shape.buckets:
             if lease.expires <= now or lease.held < (tokens if tokens_kind else 1):
                 return None
-        low = False
+        low = stale and not shape.refreshing  # spend views past half their life: refresh
         for _, _, tokens_kind, lease in shape.buckets:
             lease.held -= tokens if tokens_kind else 1
             low = low or lease.low(now, self._period)
-        if low or self._stale(shape, now):
+        if low:
             shape.refreshing = True
             self._ask(shape, 0, now, None)
         shape.reuses += 1
@@ -206,14 +215,6 @@ class RedisLimiter:
             shape.verdict = Verdict(True, self._windows(shape))
             shape.verdict_at, shape.reuses = now, 0
         return shape.verdict
-
-    def _stale(self, shape: Shape, now: float) -> bool:
-        """Spend views past half their life, with no refresh on its way: refresh them now."""
-        if not shape.refreshing:
-            for _, _, view in shape.budgets:
-                if now - view.read_at >= self._period / 2:
-                    return True
-        return False
 
     def _ask(self, shape: Shape, tokens: int, now: float, done: asyncio.Future[Any] | None) -> Ask:
         """Queue a grant: a call's cost (what its leases cannot cover) plus top-ups."""
@@ -261,19 +262,19 @@ class RedisLimiter:
                     log.exception("limits: a round failed unexpectedly; letting the calls through")
                     self._fail_asks(RedisError(f"limits round failed: {exc!r}"))
                 self._inflight = []
-            if not self._pending:
+            if not (self._pending or self._due):
                 self._urgent = False
                 self._idle.set()
 
     def _next_round(self) -> float:
         """Seconds until settles waiting alone are due, or until leases may have aged out."""
-        if self._pending:
+        if self._pending or self._due:
             due = self._last_settle + self._settings.settle_interval - time.monotonic()
             return max(due, 0.0)
         return self._period / 2
 
     def _settles_due(self) -> bool:
-        if not self._pending:
+        if not (self._pending or self._due):
             return False
         waited = time.monotonic() - self._last_settle
         return self._urgent or waited >= self._settings.settle_interval
@@ -282,6 +283,7 @@ class RedisLimiter:
         """Settles first, so the grants' reads of the counters include them."""
         asks = self._inflight = self._asks
         self._asks = []
+        self._fold()
         settles, self._pending = list(self._pending.items()), {}
         if not asks:
             self._last_settle = time.monotonic()  # only settles sent alone are paced
@@ -352,6 +354,21 @@ class RedisLimiter:
         asks, self._asks = self._inflight + self._asks, []
         for ask in asks:
             self._reject(ask, exc)
+
+    def _fold(self) -> None:
+        """What the shapes owe, as settles (merged per set of keys, as every settle is)."""
+        shapes, self._due = self._due, []
+        for shape in shapes:
+            shape.due = False
+            charges = [(key, lease.due, lease.limit) for key, lease in shape.tpm if lease.due]
+            for _, lease in shape.tpm:
+                lease.due = 0
+            units, shape.units_due = shape.units_due, 0
+            if charges:
+                keys = (*(key for key, _, _ in charges), *shape.spend_keys)
+                self._add(keys, charges, units, shape.period_ids if units else ())
+            elif units:
+                self._add(shape.spend_keys, [], units, shape.period_ids)
 
     def _return_leases(self, force: bool) -> None:
         """Give back what aged out unspent (everything, at shutdown): every lease is looked

@@ -45,11 +45,11 @@ from gateway.limits.base import (
 async def admit(call: Call, body_bytes: int, limiter: Limiter) -> None:
     """Charge the call to its buckets, or refuse it; sets call.quota when admitted."""
     principal = call.principal
-    if principal is None or principal.anonymous:
+    if principal is None or principal.key_id is None:  # anonymous
         return
     reserved = estimate_tokens(call, body_bytes)
-    plan = plan_for(principal, _day(call))
-    verdict = await limiter.admit(plan, reserved)
+    plan = plan_for(principal, int(call.received_wall // 86400))  # the UTC day
+    verdict = limiter.check(plan, reserved) or await limiter.admit(plan, reserved)
     if not verdict.allowed:
         raise refusal(verdict, reserved, limiter)
     call.quota = Quota(reserved, raw_ratelimit_headers(verdict), plan)
@@ -185,7 +185,3 @@ def seeds(spends: Iterable[Spend], now: datetime) -> list[Seed]:
             units[(Counter("key", s.key_id, pid), s.team)] += to_units(amount)
             units[(Counter("team", s.team, pid), s.team)] += to_units(amount)
     return [Seed(c, tag, u, ends[c.period_id]) for (c, tag), u in units.items()]
-
-
-def _day(call: Call) -> int:
-    return int(call.received_wall // 86400)

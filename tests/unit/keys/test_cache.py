@@ -63,14 +63,21 @@ async def test_concurrent_misses_share_one_load() -> None:
     assert src.loads == 1
 
 
-async def test_size_is_bounded_least_recently_used_first() -> None:
+async def test_size_is_bounded_longest_loaded_first() -> None:
     src = Source({})
     cache: LookupCache[str] = LookupCache(60.0, 3)
     for k in "abcd":
         await cache.get(k, lambda k=k: src.load(k))
     assert len(cache) == 3
     await cache.get("a", lambda: src.load("a"))
-    assert src.loads == 5  # "a" was forgotten, loaded again
+    assert src.loads == 5  # "a" was forgotten, loaded again; now c, d, a
+    await cache.get("c", lambda: src.load("c"))
+    assert src.loads == 5  # a hit...
+    await cache.get("e", lambda: src.load("e"))
+    await cache.get("d", lambda: src.load("d"))
+    assert src.loads == 6  # ...does not reorder: "e" pushed out "c", loaded first
+    await cache.get("c", lambda: src.load("c"))
+    assert src.loads == 7
 
 
 async def test_a_failing_source_serves_the_expired_answer_or_raises() -> None:
