@@ -42,7 +42,7 @@ async def handle(call: Call, body: bytes, endpoint: Endpoint, svc: Services) -> 
         model = svc.backends.model(call.request.model)
         if endpoint != "embeddings":
             call.prefix = svc.prefix.key(call.request, model.encoding)
-        await limits.admit(call, len(body), svc.limits)
+        await limits.admit(call, len(body), svc.limits, svc.settings.auth.ratelimit_headers)
         payload = forward.upstream_body(call.request, model.upstream_name, body)
         backend, upstream = await svc.batching.submit(
             call, model, payload, lambda c, body, pin: dispatch(c, model, body, svc, pin)

@@ -9,6 +9,7 @@
 # 400 req/s per target, so there it measures the client more than the gateways).
 # PROFILE=DIR first runs each side once under py-spy (400 Hz, --nonblocking) and writes
 # collapsed stacks to DIR/off.txt and DIR/on.txt (flamegraph.pl or speedscope read them).
+# RATELIMIT_HEADERS=false: served calls without the x-ratelimit-* headers (auth setting).
 # CALLGRIND=1 runs both gateways under valgrind's callgrind, counting only while wrk runs,
 # and reports instructions per request instead of CPU time: the same on a busy machine as
 # on a quiet one, where CPU time per request drifts by 10-20% from one run to the next.
@@ -52,7 +53,8 @@ database: {url: "$URL", auto_migrate: true}
 ledger: {spool_dir: "$WORK/spool-$side", flush_interval: $(stretch 0.05)}
 redis: {url: "redis://127.0.0.1:6379/0", key_prefix: "$PFX", timeout: 1.0,
         lease_period: $(stretch 1.0), settle_interval: $(stretch 0.05)}
-auth: {enabled: $enabled, admin_key: adm, pepper: bench-pepper, cache_ttl: $(stretch 5.0)}
+auth: {enabled: $enabled, admin_key: adm, pepper: bench-pepper, cache_ttl: $(stretch 5.0),
+       ratelimit_headers: ${RATELIMIT_HEADERS:-true}}
 YAML
 done
 wait_up() { for _ in $(seq 600); do curl -fs "$1" >/dev/null && return; sleep 0.2; done; echo "no answer: $1" >&2; exit 1; }

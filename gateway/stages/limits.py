@@ -42,8 +42,9 @@ from gateway.limits.base import (
 )
 
 
-async def admit(call: Call, body_bytes: int, limiter: Limiter) -> None:
-    """Charge the call to its buckets, or refuse it; sets call.quota when admitted."""
+async def admit(call: Call, body_bytes: int, limiter: Limiter, headers: bool = True) -> None:
+    """Charge the call to its buckets, or refuse it; sets call.quota when admitted (with
+    the x-ratelimit-* headers for its response unless ``headers`` is off)."""
     principal = call.principal
     if principal is None or principal.key_id is None:  # anonymous
         return
@@ -52,7 +53,7 @@ async def admit(call: Call, body_bytes: int, limiter: Limiter) -> None:
     verdict = limiter.check(plan, reserved) or await limiter.admit(plan, reserved)
     if not verdict.allowed:
         raise refusal(verdict, reserved, limiter)
-    call.quota = Quota(reserved, raw_ratelimit_headers(verdict), plan)
+    call.quota = Quota(reserved, raw_ratelimit_headers(verdict) if headers else (), plan)
 
 
 def settle(call: Call, limiter: Limiter) -> None:

@@ -5,7 +5,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from gateway.errors import QuotaExceeded, RateLimited
-from gateway.flow import Principal
+from gateway.flow import Call, Principal, Request
 from gateway.keys.store import Spend
 from gateway.limits import LimitMetrics, MemoryLimiter
 from gateway.limits.base import Bucket, Budget, Counter, Verdict, Window
@@ -128,3 +128,25 @@ def test_seeds_add_up_keys_into_their_teams() -> None:
         (Counter("key", "key_2", "d20261129"), "eng"): 0,
         (Counter("key", "key_2", "m202611"), "eng"): 1,
     }
+
+
+def _call(p: Principal) -> Call:
+    call = Call(id="r1", path="/v1/chat/completions", headers={})
+    call.principal = p
+    call.request = Request(endpoint="chat", model="m", body={}, max_tokens=5)
+    return call
+
+
+@pytest.mark.parametrize("headers", [True, False])
+async def test_a_served_call_carries_the_headers_unless_they_are_off(headers: bool) -> None:
+    limiter, p = _limiter(), principal(rpm=2)
+    served = _call(p)
+    await limits.admit(served, 40, limiter, headers)
+    assert served.quota is not None
+    names = {name for name, _ in served.quota.headers}
+    assert names == ({b"x-ratelimit-limit-requests", b"x-ratelimit-remaining-requests",
+                      b"x-ratelimit-reset-requests"} if headers else set())  # fmt: skip
+    await limits.admit(_call(p), 40, limiter, headers)
+    with pytest.raises(RateLimited) as refused:  # a refusal has them either way
+        await limits.admit(_call(p), 40, limiter, headers)
+    assert refused.value.headers["x-ratelimit-remaining-requests"] == "0"
