@@ -9,6 +9,8 @@
 # 400 req/s per target, so there it measures the client more than the gateways).
 # PROFILE=DIR first runs each side once under py-spy (400 Hz, --nonblocking) and writes
 # collapsed stacks to DIR/off.txt and DIR/on.txt (flamegraph.pl or speedscope read them).
+# MAX_TOKENS=N (default 8) sets the answers' length; STREAM=1 streams them (each chunk
+# relayed costs the gateway more, so auth and limits are a smaller share of a call).
 # RATELIMIT_HEADERS=false: served calls without the x-ratelimit-* headers (auth setting).
 # CALLGRIND=1 runs both gateways under valgrind's callgrind, counting only while wrk runs,
 # and reports instructions per request instead of CPU time: the same on a busy machine as
@@ -23,6 +25,7 @@ CONC=${CONC:-16}
 ROUNDS=${ROUNDS:-5}
 SECONDS_PER_RUN=${SECONDS_PER_RUN:-5}
 REQUESTS=${REQUESTS:-3000}
+MAX_TOKENS=${MAX_TOKENS:-8}
 CHAT_LUA=$(cd "$(dirname "$0")/../wrk" && pwd)/chat.lua
 . "$(dirname "$0")/lib.sh"
 TEAMLIMITS=${TEAMLIMITS:---rpm 1000000 --tpm 100000000 --budget 1000000}
@@ -71,7 +74,7 @@ curl -sf -o /dev/null http://127.0.0.1:18712/v1/chat/completions -H "authorizati
 pid() { [ $1 = off ] && echo $OFFPID || echo $ONPID; }
 url() { echo "http://127.0.0.1:$([ $1 = off ] && echo 18711 || echo 18712)/v1"; }
 HZ=$(getconf CLK_TCK)
-load() { wrk -t1 -c$CONC -d${SECONDS_PER_RUN}s -s "$CHAT_LUA" "$(url $1)/chat/completions" -- sim-model "$KEY"; }
+load() { wrk -t1 -c$CONC -d${SECONDS_PER_RUN}s -s "$CHAT_LUA" "$(url $1)/chat/completions" -- sim-model "$KEY" "$MAX_TOKENS" ${STREAM:+stream}; }
 UNIT="us CPU/request"; [ -n "${CALLGRIND:-}" ] && UNIT="instructions/request"
 run() {  # prints "req/s cost-per-request" (cost: CPU microseconds, or instructions)
   local before after out cost
@@ -99,16 +102,26 @@ if [ -n "${PROFILE:-}" ]; then
     wait $spy
   done
 fi
+RATIO_RPS=""; RATIO_COST=""
 for i in $(seq $ROUNDS); do
-  for side in off on; do
+  order="off on"; [ $((i % 2)) = 0 ] && order="on off"  # neither side always goes first
+  declare -A R C
+  for side in $order; do
     read -r rps us < <(run $side)
+    R[$side]=$rps; C[$side]=$us
     RPS[$side]="${RPS[$side]:-} $rps"; CPU[$side]="${CPU[$side]:-} $us"
     echo "round $i auth+limits $side: $rps req/s, $us $UNIT"
   done
+  RATIO_RPS="$RATIO_RPS $(python3 -c "print(${R[on]} / ${R[off]})")"
+  RATIO_COST="$RATIO_COST $(python3 -c "print(${C[on]} / ${C[off]})")"
 done
 for side in off on; do
   echo "median auth+limits $side: $(echo "${RPS[$side]}" | median) req/s, $(echo "${CPU[$side]}" | median) $UNIT"
 done
+# The machine's speed drifts between rounds more than the two sides differ; each round's
+# on/off ratio compares runs seconds apart, and their median is the figure to quote.
+python3 -c "import sys; r, c = sys.argv[1:]; print(f'median of per-round ratios on/off: throughput {float(r) - 1:+.1%}, cost per request {float(c) - 1:+.1%}')" \
+  "$(echo "$RATIO_RPS" | median)" "$(echo "$RATIO_COST" | median)"
 [ "${COMPARE:-0}" = 1 ] || exit 0
 for order in "off on" "on off"; do
   args=()
