@@ -26,6 +26,11 @@ ROUNDS=${ROUNDS:-5}
 SECONDS_PER_RUN=${SECONDS_PER_RUN:-5}
 REQUESTS=${REQUESTS:-3000}
 MAX_TOKENS=${MAX_TOKENS:-8}
+# PIN=1 (the default with two or more cores) runs both gateways on core 0 and everything
+# else (simulators, wrk) on core 1, so a gateway never shares its core with the load.
+PIN=${PIN:-$([ "$(nproc)" -ge 2 ] && echo 1 || echo 0)}
+GATEWAYS=""; OTHERS=""
+[ "$PIN" = 1 ] && { GATEWAYS="taskset -c 0"; OTHERS="taskset -c 1"; }
 CHAT_LUA=$(cd "$(dirname "$0")/../wrk" && pwd)/chat.lua
 . "$(dirname "$0")/lib.sh"
 TEAMLIMITS=${TEAMLIMITS:---rpm 1000000 --tpm 100000000 --budget 1000000}
@@ -44,8 +49,8 @@ cleanup() { for p in "${pids[@]}"; do kill $p 2>/dev/null || true; done; sleep 1
   psql -h 127.0.0.1 -d test -qc "DROP DATABASE IF EXISTS $DB WITH (FORCE)";
   redis-cli --scan --pattern "${PFX}*" | xargs -r redis-cli del > /dev/null; }
 trap cleanup EXIT
-$G sim $SIMARGS --port 18701 > sim1.log 2>&1 & pids+=($!)
-$G sim $SIMARGS --port 18702 > sim2.log 2>&1 & pids+=($!)
+$OTHERS $G sim $SIMARGS --port 18701 > sim1.log 2>&1 & pids+=($!)
+$OTHERS $G sim $SIMARGS --port 18702 > sim2.log 2>&1 & pids+=($!)
 for side in off on; do
   port=$([ $side = off ] && echo 18711 || echo 18712); sim=$([ $side = off ] && echo 18701 || echo 18702)
   enabled=$([ $side = off ] && echo false || echo true)
@@ -62,7 +67,7 @@ YAML
 done
 wait_up() { for _ in $(seq 600); do curl -fs "$1" >/dev/null && return; sleep 0.2; done; echo "no answer: $1" >&2; exit 1; }
 serve() {  # $1: off or on
-  exec ${CALLGRIND:+valgrind --tool=callgrind --instr-atstart=no --trace-children=yes \
+  exec $GATEWAYS ${CALLGRIND:+valgrind --tool=callgrind --instr-atstart=no --trace-children=yes \
     --callgrind-out-file="$WORK/$1.cg"} $G serve --config $1.yaml --port "$2" > $1.log 2>&1
 }
 serve off 18711 & pids+=($!); OFFPID=$!
@@ -74,7 +79,7 @@ curl -sf -o /dev/null http://127.0.0.1:18712/v1/chat/completions -H "authorizati
 pid() { [ $1 = off ] && echo $OFFPID || echo $ONPID; }
 url() { echo "http://127.0.0.1:$([ $1 = off ] && echo 18711 || echo 18712)/v1"; }
 HZ=$(getconf CLK_TCK)
-load() { wrk -t1 -c$CONC -d${SECONDS_PER_RUN}s -s "$CHAT_LUA" "$(url $1)/chat/completions" -- sim-model "$KEY" "$MAX_TOKENS" ${STREAM:+stream}; }
+load() { $OTHERS wrk -t1 -c$CONC -d${SECONDS_PER_RUN}s -s "$CHAT_LUA" "$(url $1)/chat/completions" -- sim-model "$KEY" "$MAX_TOKENS" ${STREAM:+stream}; }
 UNIT="us CPU/request"; [ -n "${CALLGRIND:-}" ] && UNIT="instructions/request"
 run() {  # prints "req/s cost-per-request" (cost: CPU microseconds, or instructions)
   local before after out cost
