@@ -61,8 +61,8 @@ database: {url: "$URL", auto_migrate: true}
 ledger: {spool_dir: "$WORK/spool-$side", flush_interval: $(stretch 0.05)}
 redis: {url: "redis://127.0.0.1:6379/0", key_prefix: "$PFX", timeout: 1.0,
         lease_period: $(stretch 1.0), settle_interval: $(stretch 0.05)}
-auth: {enabled: $enabled, admin_key: adm, pepper: bench-pepper, cache_ttl: $(stretch 5.0),
-       ratelimit_headers: ${RATELIMIT_HEADERS:-true}}
+auth: {enabled: $enabled, admin_key: adm, pepper: bench-pepper, cache_ttl: $(stretch 5.0)
+       ${RATELIMIT_HEADERS:+, ratelimit_headers: $RATELIMIT_HEADERS}}
 YAML
 done
 wait_up() { for _ in $(seq 600); do curl -fs "$1" >/dev/null && return; sleep 0.2; done; echo "no answer: $1" >&2; exit 1; }
