@@ -14,7 +14,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from gateway.ledger.db import async_url
-from gateway.ledger.models import Base
+from gateway.tables import metadata
 
 config = context.config
 
@@ -22,7 +22,7 @@ config = context.config
 def _migrate(connection: Connection) -> None:
     context.configure(
         connection=connection,
-        target_metadata=Base.metadata,
+        target_metadata=metadata,
         render_as_batch=connection.dialect.name == "sqlite",
     )
     with context.begin_transaction():

@@ -26,13 +26,14 @@ from gateway.ledger.migrate import (
     head_revision,
     upgrade,
 )
-from gateway.ledger.models import Base, to_units
+from gateway.ledger.models import to_units
 from gateway.settings import load_settings
+from gateway.tables import metadata
 from tests.servers import ROOT, free_port
 
 
 def schema_diff(conn: Connection) -> list[object]:
-    return list(compare_metadata(MigrationContext.configure(conn), Base.metadata))
+    return list(compare_metadata(MigrationContext.configure(conn), metadata))
 
 
 async def test_migrations_match_the_models(db_url: str) -> None:
