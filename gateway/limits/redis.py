@@ -360,15 +360,15 @@ class RedisLimiter:
         shapes, self._due = self._due, []
         for shape in shapes:
             shape.due = False
-            charges = [(key, lease.due, lease.limit) for key, lease in shape.tpm if lease.due]
-            for _, lease in shape.tpm:
-                lease.due = 0
+            charges: list[tuple[str, int, int]] = []
+            for key, lease in shape.tpm:
+                if lease.due:
+                    charges.append((key, lease.due, lease.limit))
+                    lease.due = 0
             units, shape.units_due = shape.units_due, 0
-            if charges:
+            if charges or units:
                 keys = (*(key for key, _, _ in charges), *shape.spend_keys)
                 self._add(keys, charges, units, shape.period_ids if units else ())
-            elif units:
-                self._add(shape.spend_keys, [], units, shape.period_ids)
 
     def _return_leases(self, force: bool) -> None:
         """Give back what aged out unspent (everything, at shutdown): every lease is looked

@@ -46,7 +46,7 @@ async def admit(call: Call, body_bytes: int, limiter: Limiter, headers: bool = T
     """Charge the call to its buckets, or refuse it; sets call.quota when admitted (with
     the x-ratelimit-* headers for its response unless ``headers`` is off)."""
     principal = call.principal
-    if principal is None or principal.key_id is None:  # anonymous
+    if principal is None or principal.anonymous:
         return
     reserved = estimate_tokens(call, body_bytes)
     plan = plan_for(principal, int(call.received_wall // 86400))  # the UTC day
