@@ -20,8 +20,11 @@ period, so within 1.5 periods of the grant) and at shutdown.
 Budgets are checked against a local view of each spend counter: its value as the last
 grant read it (refreshed at least every ``lease_period``) plus this replica's own spend
 since. So one replica is exact (the call that crosses a budget is served and metered, the
-next refused); another replica sees that spend within ``settle_interval + lease_period``,
-so across replicas a budget can be overrun by what the others serve in that time.
+next refused). The settle of a call that spends a budget goes at once, not after
+``settle_interval``: a replica reading the counter from then on refuses. One already holding
+a view reads it again within ``lease_period``, so across replicas a budget can be overrun
+by what the others serve in that time (``settle_interval + lease_period`` for spend short
+of the budget, which other replicas see that much later).
 Tokens refunded after a call stay in the lease up to its target (they were charged to
 the shared bucket), so a refund rarely costs a write; beyond it they go back.
 
@@ -162,6 +165,10 @@ class RedisLimiter:
             for view in shape.spend_views:
                 view.own += units
             shape.units_due += units
+            for _, budget, view in shape.budgets:
+                if view.base + view.own - view.mark >= budget.limit:  # view.value(), inlined
+                    self._urgent = True  # a spent budget reaches the others now
+                    self._wake.set()
         if not shape.due:
             shape.due = True
             self._due.append(shape)

@@ -117,6 +117,23 @@ def test_a_team_limit_is_shared_by_its_keys_on_both_gateways(pair: list[str]) ->
     assert "team" in info.value.message
 
 
+def shared_spend(prefix: str, key_id: str) -> int:
+    """The key's spend counter in Redis once it holds anything (within five seconds)."""
+    import redis
+
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        deadline = time.monotonic() + 5
+        while True:
+            keys = list(client.scan_iter(match=f"{prefix}spend:*:key:{key_id}:*"))
+            spent = sum(int(v or 0) for v in client.mget(keys)) if keys else 0
+            if spent or time.monotonic() > deadline:
+                return spent
+            time.sleep(0.01)
+    finally:
+        client.close()
+
+
 def ledger_rows(db: str, key_id: str, n: int) -> list[asyncpg.Record]:
     """The key's ledger rows once n have arrived (the writer batches asynchronously)."""
 
@@ -142,6 +159,8 @@ def test_a_budget_stops_the_key_after_the_call_that_crosses_it(
                             budget_period="day")  # fmt: skip
     served = chat(pair[0], key)  # spend 0 < budget: served, and crosses it
     assert served.usage is not None
+    # Its settle goes at once (redis.py), yet after the answer: wait for it, not a guess.
+    assert shared_spend(shared_prefix, key_id) > 100_000  # 1e-10 USD units
     for url in pair:
         with pytest.raises(openai.RateLimitError) as info:
             chat(url, key)

@@ -114,3 +114,45 @@ async def test_a_budget_is_exact_in_one_replica_and_reaches_the_other_within_a_p
     refused = await other.admit(plan, 0)
     assert not refused.allowed
     assert refused.refused_by == budget
+
+
+async def test_the_settle_that_spends_a_budget_goes_at_once(
+    redis_server_url: str, redis_prefix: str
+) -> None:
+    """Spend short of a budget waits for settle_interval (here a minute); the call that
+    spends it does not, so every replica reading the counter from then on refuses."""
+    from redis.asyncio import Redis
+
+    spender, other = limiters = [
+        redis_limiter(redis_server_url, redis_prefix, CollectorRegistry(), settle_interval=60)
+        for _ in range(2)
+    ]
+    client = Redis.from_url(redis_server_url)
+    for lim in limiters:
+        await lim.start()
+    try:
+        tag = "t-" + uuid.uuid4().hex[:8]
+        counter = Counter("key", "k-" + uuid.uuid4().hex[:8], "d20261129")
+        key = f"{redis_prefix}spend:{{{tag}}}:key:{counter.owner}:{counter.period_id}"
+        budget = Budget(counter, 1_000, datetime.now(UTC) + timedelta(days=1))
+        plan = Plan(tag, (), (budget,), (counter,))
+        assert (await spender.admit(plan, 0)).allowed
+        spender.settle(plan, 0, 100)
+        await spender.flush()  # the round that starts the minute
+        spender.settle(plan, 0, 300)  # short of it: waits here
+        await asyncio.sleep(0.3)
+        assert int(await client.get(key) or 0) == 100
+        spender.settle(plan, 0, 600)  # spends it: sent now, with the 300
+        for _ in range(100):
+            await asyncio.sleep(0.02)
+            if int(await client.get(key) or 0) == 1_000:
+                break
+        else:
+            raise AssertionError("the settle that spent the budget did not go at once")
+        refused = await other.admit(plan, 0)  # no view yet: reads the counter
+        assert not refused.allowed
+        assert refused.refused_by == budget
+    finally:
+        for lim in limiters:
+            await lim.aclose()
+        await client.aclose()
