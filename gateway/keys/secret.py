@@ -44,10 +44,11 @@ _TAGGER = hashlib.blake2b(key=secrets.token_bytes(32), digest_size=32)
 """The keyed state, made once: a copy of it skips hashing the key block on every call."""
 
 
-def cache_tag(token: str) -> bytes:
-    """What the key cache is indexed by: no secret, cheap, the same for a token all along."""
+def cache_tag(header: str) -> bytes:
+    """What the key cache is indexed by (the tag of the Authorization header that carries
+    the token): no secret, cheap, the same for a header all along."""
     h = _TAGGER.copy()
-    h.update(token.encode())
+    h.update(header.encode())
     return h.digest()
 
 

@@ -27,6 +27,10 @@ from gateway.limits.base import ALLOW, WINDOW, Bucket, Budget, Plan, Verdict
 
 SHARE = 4
 """A grant's extra is at most 1/SHARE of what the bucket holds after the call's own cost."""
+POCKET = 8
+"""A plan's pocket takes at most 1/POCKET of a lease's target from it."""
+UNLIMITED = 1 << 62
+"""A pocket's count of a kind the plan has no bucket for."""
 
 
 def target(limit: int) -> int:
@@ -89,11 +93,13 @@ class Lease:
         """What to ask for beyond the call's cost, to top the lease up to its target."""
         return max(self.target - self.held, 0)
 
-    def window(self) -> tuple[int, float]:
+    def window(self, pocket: int = 0) -> tuple[int, float]:
         """(remaining, reset) as the headers show them: the bucket as if the lease were spent
-        back into it (what the bucket held at the last grant plus what is still held here)."""
+        back into it (what the bucket held at the last grant plus what is still held here,
+        ``pocket`` being what a plan took from the lease and holds itself)."""
+        held = self.held + max(min(pocket, self.limit), 0)
         step = WINDOW / self.limit
-        return min(self.remaining + self.held, self.limit), max(self.reset - self.held * step, 0.0)
+        return min(self.remaining + held, self.limit), max(self.reset - held * step, 0.0)
 
 
 @dataclass(slots=True)
@@ -124,9 +130,8 @@ class Shape:
     tpm: tuple[tuple[str, Lease], ...]
     """The token buckets' keys and leases."""
     spend_keys: tuple[str, ...]
-    """Every counter the call's spend goes to..."""
-    spend_views: tuple[SpendView, ...]
-    """...and their views (this replica's own spend is counted in them)."""
+    """Every counter the call's spend goes to (those with a budget have a view in
+    ``budgets``, where this replica's own spend is counted)."""
     period_ids: tuple[str, ...]
     grant_keys: list[str]
     refreshing: bool = False
@@ -139,6 +144,42 @@ class Shape:
     verdict_at: float = -math.inf
     reuses: int = 0
     """The last local verdict for the plan's calls, when it was built, how often reused."""
+    calls: int = 0
+    tokens: int = 0
+    until: float = -math.inf
+    """The pocket: requests and tokens taken at once from each of the plan's leases (the
+    requests from every request bucket's, the tokens from every token bucket's), which
+    its calls spend before ``until`` with a look at nothing else but the budgets."""
+
+    def fill(self, now: float, period: float) -> None:
+        """Take a pocket from the leases: up to 1/POCKET of each one's target, valid while
+        every lease and spend view is short of half its life (then it is refreshed anyway).
+        A lease too small to share (a target under POCKET) leaves the pocket empty: near a
+        limit every call is counted against the leases themselves, as before."""
+        calls = tokens = UNLIMITED
+        until = math.inf
+        for _, _, tokens_kind, lease in self.buckets:
+            share = min(lease.held, lease.target // POCKET)
+            if tokens_kind:
+                tokens = min(tokens, share)
+            else:
+                calls = min(calls, share)
+            until = min(until, lease.expires - period / 2)
+        for _, _, view in self.budgets:
+            until = min(until, view.read_at + period / 2)
+        if calls <= 0 or tokens <= 0 or until <= now:
+            return
+        for _, _, tokens_kind, lease in self.buckets:
+            lease.held -= tokens if tokens_kind else calls
+        self.calls, self.tokens, self.until = calls, tokens, until
+
+    def empty(self) -> None:
+        """Put the pocket back into the leases it came from."""
+        if self.until > -math.inf:
+            for _, _, tokens_kind, lease in self.buckets:
+                lease.held += self.tokens if tokens_kind else self.calls
+        self.calls = self.tokens = 0
+        self.until = -math.inf
 
 
 @dataclass(slots=True)

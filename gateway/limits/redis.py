@@ -134,7 +134,10 @@ class RedisLimiter:
         now = time.monotonic()
         if not (plan.buckets or plan.budgets) or now < self._retry_at:
             return ALLOW
-        return self._local(self._shape(plan), tokens, now)
+        shape = self._shapes.get(id(plan))  # self._shape(plan), inlined for the common case
+        if shape is None or shape.plan is not plan:
+            shape = self._shape(plan)
+        return self._local(shape, tokens, now)
 
     async def admit(self, plan: Plan, tokens: int) -> Verdict:
         verdict = self.check(plan, tokens)
@@ -156,16 +159,20 @@ class RedisLimiter:
         """Only counts here: the sender turns what its shapes owe into SETTLE commands."""
         if not (tokens and plan.buckets) and not units:
             return
-        shape = self._shape(plan)
+        shape = self._shapes.get(id(plan))  # self._shape(plan), inlined for the common case
+        if shape is None or shape.plan is not plan:
+            shape = self._shape(plan)
         if tokens:
-            now = time.monotonic()
-            for _, lease in shape.tpm:
-                lease.due += lease.reconcile(tokens, now)
+            if shape.until > -math.inf and shape.tokens >= tokens:  # refunds: any size
+                shape.tokens -= tokens  # the pocket: taken from every token lease alike
+            else:
+                now = time.monotonic()
+                for _, lease in shape.tpm:
+                    lease.due += lease.reconcile(tokens, now)
         if units:
-            for view in shape.spend_views:
-                view.own += units
             shape.units_due += units
             for _, budget, view in shape.budgets:
+                view.own += units
                 if view.base + view.own - view.mark >= budget.limit:  # view.value(), inlined
                     self._urgent = True  # a spent budget reaches the others now
                     self._wake.set()
@@ -198,13 +205,30 @@ class RedisLimiter:
 
     def _local(self, shape: Shape, tokens: int, now: float) -> Verdict | None:
         """The answer from what this replica holds, or None when it takes a round trip.
-        Plain loops over the shape's own leases and views: this runs on every call."""
+        Most calls spend from the plan's pocket and look at nothing but its budgets."""
+        if now < shape.until and shape.calls > 0 and shape.tokens >= tokens:
+            for _, budget, view in shape.budgets:
+                if view.base + view.own - view.mark >= budget.limit:  # view.value(), inlined
+                    break
+            else:
+                shape.calls -= 1
+                shape.tokens -= tokens
+                shape.reuses += 1
+                if shape.reuses > REUSES or now - shape.verdict_at >= FRESH:
+                    return self._fresh_verdict(shape, now)
+                return shape.verdict
+        shape.empty()
+        return self._from_leases(shape, tokens, now)
+
+    def _from_leases(self, shape: Shape, tokens: int, now: float) -> Verdict | None:
+        """The answer from the leases and views themselves (then a new pocket): a refusal,
+        a top-up when they run low or age, or None when only Redis can answer."""
         stale = False
         for _, budget, view in shape.budgets:
             age = now - view.read_at
             if age >= self._period:
                 return None
-            if view.base + view.own - view.mark >= budget.limit:  # view.value(), inlined
+            if view.value() >= budget.limit:
                 return Verdict(False, self._windows(shape), budget, None)
             stale = stale or age >= self._period / 2
         for _, _, tokens_kind, lease in shape.buckets:
@@ -213,14 +237,17 @@ class RedisLimiter:
         low = stale and not shape.refreshing  # spend views past half their life: refresh
         for _, _, tokens_kind, lease in shape.buckets:
             lease.held -= tokens if tokens_kind else 1
-            low = low or lease.low(now, self._period)
+            low = lease.low(now, self._period) or low
         if low:
             shape.refreshing = True
             self._ask(shape, 0, now, None)
-        shape.reuses += 1
-        if shape.reuses > REUSES or now - shape.verdict_at >= FRESH:
-            shape.verdict = Verdict(True, self._windows(shape))
-            shape.verdict_at, shape.reuses = now, 0
+        else:
+            shape.fill(now, self._period)
+        return self._fresh_verdict(shape, now)
+
+    def _fresh_verdict(self, shape: Shape, now: float) -> Verdict:
+        shape.verdict = Verdict(True, self._windows(shape))
+        shape.verdict_at, shape.reuses = now, 0
         return shape.verdict
 
     def _ask(self, shape: Shape, tokens: int, now: float, done: asyncio.Future[Any] | None) -> Ask:
@@ -241,7 +268,11 @@ class RedisLimiter:
         return ask
 
     def _windows(self, shape: Shape) -> tuple[Window, ...]:
-        return tuple(Window(bucket, *lease.window()) for _, bucket, _, lease in shape.buckets)
+        """Each bucket as the headers show it (what the plan's pocket holds counted in)."""
+        return tuple(
+            Window(bucket, *lease.window(shape.tokens if tokens_kind else shape.calls))
+            for _, bucket, tokens_kind, lease in shape.buckets
+        )
 
     def _verdict(self, shape: Shape, plan: Plan, code: int, which: int, wait: int) -> Verdict:
         windows = self._windows(shape)
@@ -381,6 +412,9 @@ class RedisLimiter:
         """Give back what aged out unspent (everything, at shutdown): every lease is looked
         at, so the sender does this at most twice a lease period."""
         now = self._last_sweep = time.monotonic()
+        for shape in self._shapes.values():  # pockets past their time: back to the leases
+            if force or shape.until <= now:
+                shape.empty()
         for key, lease in self._leases.items():
             if lease.held and not lease.asking and (force or not lease.live(now)):
                 self._add((key,), [(key, -lease.held, lease.limit)], 0, ())
@@ -449,14 +483,13 @@ class RedisLimiter:
             (key, b, self._views.setdefault(key, SpendView()))
             for b in plan.budgets
             for key in (self._counter(plan.tag, b.counter),)
-        )
+        )  # only counters with a budget have a view: the others are only ever written
         return Shape(
             plan=plan,
             buckets=buckets,
             budgets=budgets,
             tpm=tuple((key, lease) for key, _, tokens, lease in buckets if tokens),
             spend_keys=spend_keys,
-            spend_views=tuple(self._views.setdefault(key, SpendView()) for key in spend_keys),
             period_ids=tuple(c.period_id for c in plan.counters),
             grant_keys=[key for key, *_ in buckets] + [key for key, *_ in budgets],
         )
@@ -465,6 +498,9 @@ class RedisLimiter:
         """The bucket's lease (a new one when its limit changed: the old one's units go back)."""
         lease = self._leases.get(key)
         if lease is None or lease.limit != limit:
+            if lease is not None:  # (rare) the old lease's units, pockets included, go back
+                for shape in self._shapes.values():
+                    shape.empty()
             if lease is not None and lease.held:
                 self._add((key,), [(key, -lease.held, lease.limit)], 0, ())
                 lease.held = 0

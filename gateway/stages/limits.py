@@ -46,9 +46,14 @@ async def admit(call: Call, body_bytes: int, limiter: Limiter, headers: bool = T
     """Charge the call to its buckets, or refuse it; sets call.quota when admitted (with
     the x-ratelimit-* headers for its response unless ``headers`` is off)."""
     principal = call.principal
-    if principal is None or principal.anonymous:
+    if principal is None or principal.key_id is None:  # .anonymous, inlined: every call
         return
-    reserved = estimate_tokens(call, body_bytes)
+    prefix, request = call.prefix, call.request
+    assert request is not None
+    # The prompt's tokens (or a quarter of the body's bytes) and the answer's limit.
+    reserved = (prefix.tokens if prefix is not None else body_bytes // 4) + (
+        request.max_tokens or 0
+    )
     plan = plan_for(principal, int(call.received_wall // 86400))  # the UTC day
     verdict = limiter.check(plan, reserved) or await limiter.admit(plan, reserved)
     if not verdict.allowed:
@@ -64,12 +69,6 @@ def settle(call: Call, limiter: Limiter) -> None:
     used = u.prompt_tokens + u.completion_tokens if u else 0
     units = call.cost.total if call.cost else 0  # already 1e-10 USD units
     limiter.settle(call.quota.plan, used - call.quota.reserved_tokens, units)
-
-
-def estimate_tokens(call: Call, body_bytes: int) -> int:
-    assert call.request is not None
-    prompt = call.prefix.tokens if call.prefix is not None else body_bytes // 4
-    return prompt + (call.request.max_tokens or 0)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from gateway.limits.lease import Lease, SpendView, target
+import math
+from datetime import UTC, datetime
+
+from gateway.limits.base import Bucket, Budget, Counter, Plan
+from gateway.limits.lease import POCKET, Lease, Shape, SpendView, target
 
 
 def test_a_lease_targets_a_second_of_refill_and_none_below_60_a_minute() -> None:
@@ -69,3 +73,67 @@ def test_a_live_lease_keeps_refunds_up_to_its_target_and_pays_overruns_from_what
     assert lease.reconcile(20, 0.5) == 10  # an overrun beyond what it holds: Redis is told
     assert lease.held == 0
     assert lease.reconcile(-5, 1.0) == -5  # aged out: the refund goes to the bucket
+
+
+def shape_of(rpm: int, tpm: int, view: SpendView | None = None) -> Shape:
+    """A plan with a request and a token bucket (leases granted at 0.0, period 1.0) and,
+    with ``view``, a budget of 1,000 units."""
+    buckets = (Bucket("key", "requests", "k", rpm), Bucket("key", "tokens", "k", tpm))
+    leases = tuple(Lease(b.limit) for b in buckets)
+    for lease in leases:
+        lease.granted(lease.target, remaining=lease.limit, reset=0.0, now=0.0, period=1.0)
+    counter = Counter("key", "k", "d20261129")
+    budgets = (Budget(counter, 1_000, datetime(2026, 11, 30, tzinfo=UTC)),) if view else ()
+    return Shape(
+        plan=Plan("t", buckets, budgets, (counter,)),
+        buckets=tuple(
+            (b.kind, b, b.kind == "tokens", lease) for b, lease in zip(buckets, leases, strict=True)
+        ),
+        budgets=tuple(("spend", b, view) for b in budgets if view is not None),
+        tpm=(("tokens", leases[1]),),
+        spend_keys=("spend",),
+        period_ids=("d20261129",),
+        grant_keys=[],
+    )
+
+
+def test_a_pocket_takes_an_eighth_of_each_lease_and_goes_back_whole() -> None:
+    shape = shape_of(rpm=6000, tpm=60_000)  # targets 100 requests, 1,000 tokens
+    requests, tokens = (lease for *_, lease in shape.buckets)
+    shape.fill(now=0.1, period=1.0)
+    assert (shape.calls, shape.tokens) == (100 // POCKET, 1_000 // POCKET)
+    assert (requests.held, tokens.held) == (100 - 12, 1_000 - 125)
+    assert shape.until == 0.5  # the leases' half life
+    shape.calls, shape.tokens = 2, 40  # spent: ten calls, 85 tokens
+    shape.empty()
+    assert (requests.held, tokens.held) == (90, 915)
+    assert (shape.calls, shape.tokens, shape.until) == (0, 0, -math.inf)
+    shape.empty()  # twice: nothing more
+    assert (requests.held, tokens.held) == (90, 915)
+
+
+def test_no_pocket_from_a_lease_too_small_to_share_or_past_half_its_life() -> None:
+    small = shape_of(rpm=420, tpm=60_000)  # a target of 7 requests: every call counts on it
+    small.fill(now=0.1, period=1.0)
+    assert (small.calls, small.until) == (0, -math.inf)
+    old = shape_of(rpm=6000, tpm=60_000)
+    old.fill(now=0.6, period=1.0)
+    assert old.until == -math.inf
+    assert all(lease.held == lease.target for *_, lease in old.buckets)
+
+
+def test_a_pocket_lasts_no_longer_than_half_the_life_of_the_spend_views() -> None:
+    shape = shape_of(rpm=6000, tpm=60_000, view=SpendView(read_at=0.2))
+    shape.fill(now=0.3, period=1.0)
+    assert shape.until == 0.5
+    shape = shape_of(rpm=6000, tpm=60_000, view=SpendView(read_at=-0.1))
+    shape.fill(now=0.3, period=1.0)
+    assert shape.until == 0.4
+
+
+def test_headers_count_what_a_pocket_holds_as_still_in_the_bucket() -> None:
+    lease = Lease(600)
+    lease.granted(10, remaining=500, reset=10.0, now=0.0, period=1.0)
+    lease.held = 6  # four in a pocket
+    assert lease.window(4) == (510, 9.0)
+    assert lease.window(0) == (506, 9.4)
