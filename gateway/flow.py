@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 if TYPE_CHECKING:
     from gateway.limits.base import Plan
@@ -117,9 +117,9 @@ class Cost:
     price_id: int | None = None
 
 
-@dataclass(slots=True)
-class Quota:
-    """What stages.limits charged the call up front: set by stages.limits."""
+class Quota(NamedTuple):
+    """What stages.limits charged the call up front: set by stages.limits (a tuple, built
+    in C on every limited call)."""
 
     reserved_tokens: int
     """Prompt estimate plus max_tokens; the difference to the actual usage is settled later."""

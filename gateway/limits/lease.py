@@ -129,6 +129,8 @@ class Shape:
     """Per budget: the key of the counter it reads, itself, and the counter's view."""
     tpm: tuple[tuple[str, Lease], ...]
     """The token buckets' keys and leases."""
+    spend: tuple[tuple[SpendView, int], ...]
+    """The budgets' views and limits, as the hot path reads them."""
     spend_keys: tuple[str, ...]
     """Every counter the call's spend goes to (those with a budget have a view in
     ``budgets``, where this replica's own spend is counted)."""
@@ -142,8 +144,7 @@ class Shape:
     """...and whether the shape is on the sender's list (its leases may hold ``due`` too)."""
     verdict: Verdict = ALLOW
     verdict_at: float = -math.inf
-    reuses: int = 0
-    """The last local verdict for the plan's calls, when it was built, how often reused."""
+    """The last local verdict for the plan's calls, and when it was built."""
     calls: int = 0
     tokens: int = 0
     until: float = -math.inf

@@ -33,9 +33,10 @@ one (concurrent calls share a round trip) and, before them, every settle waiting
 and token reconciliation, merged per key), so a grant's read of a counter includes all of
 this replica's spend sent so far. Settles alone go at most every ``redis.settle_interval``.
 
-The x-ratelimit-* windows count what a replica holds as still in the bucket; one verdict
-serves a plan's calls up to REUSES calls or FRESH seconds apart (building the windows
-and headers cost more than the rest of a local answer).
+The x-ratelimit-* windows count what a replica holds as still in the bucket; a verdict is
+built when a plan's pocket is filled and serves the calls it pays for, for up to FRESH
+seconds (building the windows and headers cost more than the rest of a local answer), so
+the headers lag by at most a pocket: an eighth of a second of the bucket's refill.
 
 When Redis fails, limits fail open: calls pass, a warning is logged once and
 gateway_limits_errors counts; Redis is tried again every redis.probe_interval, so the
@@ -74,9 +75,8 @@ from gateway.settings import RedisSettings
 log = logging.getLogger(__name__)
 
 REDIS_ERRORS = (RedisError, OSError, TimeoutError)
-FRESH, REUSES = 0.01, 64
-"""A plan's verdict (and so its x-ratelimit-* headers) is reused for its calls for up to
-FRESH seconds and REUSES calls: the headers lag by at most that much of its traffic."""
+FRESH = 0.1
+"""Seconds a plan's verdict (and so its x-ratelimit-* headers) serves its pocket's calls."""
 SHAPES = 10_000
 """Plans whose key names are kept (one per active key and day); leases and spend views
 are bounded by the same number."""
@@ -131,13 +131,27 @@ class RedisLimiter:
         await self._client.aclose()
 
     def check(self, plan: Plan, tokens: int) -> Verdict | None:
+        """The answer from what this replica holds, or None when it takes a round trip.
+        Most calls spend from the plan's pocket and look at nothing but its budgets: one
+        function, as this runs on every call."""
         now = time.monotonic()
         if not (plan.buckets or plan.budgets) or now < self._retry_at:
             return ALLOW
         shape = self._shapes.get(id(plan))  # self._shape(plan), inlined for the common case
         if shape is None or shape.plan is not plan:
             shape = self._shape(plan)
-        return self._local(shape, tokens, now)
+        if now < shape.until and shape.calls > 0 and shape.tokens >= tokens:
+            for view, limit in shape.spend:
+                if view.base + view.own - view.mark >= limit:  # view.value(), inlined
+                    break
+            else:
+                shape.calls -= 1
+                shape.tokens -= tokens
+                if now - shape.verdict_at >= FRESH:
+                    return self._fresh_verdict(shape, now)
+                return shape.verdict
+        shape.empty()
+        return self._from_leases(shape, tokens, now)
 
     async def admit(self, plan: Plan, tokens: int) -> Verdict:
         verdict = self.check(plan, tokens)
@@ -152,7 +166,7 @@ class RedisLimiter:
             return ALLOW
         verdict = self._verdict(shape, plan, code, which, wait)
         if verdict.allowed:  # the freshest: the next local calls reuse it
-            shape.verdict, shape.verdict_at, shape.reuses = verdict, time.monotonic(), 0
+            shape.verdict, shape.verdict_at = verdict, time.monotonic()
         return verdict
 
     def settle(self, plan: Plan, tokens: int, units: int) -> None:
@@ -171,9 +185,9 @@ class RedisLimiter:
                     lease.due += lease.reconcile(tokens, now)
         if units:
             shape.units_due += units
-            for _, budget, view in shape.budgets:
+            for view, limit in shape.spend:
                 view.own += units
-                if view.base + view.own - view.mark >= budget.limit:  # view.value(), inlined
+                if view.base + view.own - view.mark >= limit:  # view.value(), inlined
                     self._urgent = True  # a spent budget reaches the others now
                     self._wake.set()
         if not shape.due:
@@ -203,23 +217,6 @@ class RedisLimiter:
 
     # -- the hot path: leases and spend views ------------------------------------------
 
-    def _local(self, shape: Shape, tokens: int, now: float) -> Verdict | None:
-        """The answer from what this replica holds, or None when it takes a round trip.
-        Most calls spend from the plan's pocket and look at nothing but its budgets."""
-        if now < shape.until and shape.calls > 0 and shape.tokens >= tokens:
-            for _, budget, view in shape.budgets:
-                if view.base + view.own - view.mark >= budget.limit:  # view.value(), inlined
-                    break
-            else:
-                shape.calls -= 1
-                shape.tokens -= tokens
-                shape.reuses += 1
-                if shape.reuses > REUSES or now - shape.verdict_at >= FRESH:
-                    return self._fresh_verdict(shape, now)
-                return shape.verdict
-        shape.empty()
-        return self._from_leases(shape, tokens, now)
-
     def _from_leases(self, shape: Shape, tokens: int, now: float) -> Verdict | None:
         """The answer from the leases and views themselves (then a new pocket): a refusal,
         a top-up when they run low or age, or None when only Redis can answer."""
@@ -247,7 +244,7 @@ class RedisLimiter:
 
     def _fresh_verdict(self, shape: Shape, now: float) -> Verdict:
         shape.verdict = Verdict(True, self._windows(shape))
-        shape.verdict_at, shape.reuses = now, 0
+        shape.verdict_at = now
         return shape.verdict
 
     def _ask(self, shape: Shape, tokens: int, now: float, done: asyncio.Future[Any] | None) -> Ask:
@@ -489,6 +486,7 @@ class RedisLimiter:
             buckets=buckets,
             budgets=budgets,
             tpm=tuple((key, lease) for key, _, tokens, lease in buckets if tokens),
+            spend=tuple((view, b.limit) for _, b, view in budgets),
             spend_keys=spend_keys,
             period_ids=tuple(c.period_id for c in plan.counters),
             grant_keys=[key for key, *_ in buckets] + [key for key, *_ in budgets],

@@ -41,6 +41,9 @@ from gateway.limits.base import (
     period_id,
 )
 
+_new_quota = tuple.__new__
+"""Builds a Quota from a ready tuple in C (Quota(...) runs a Python-level __new__)."""
+
 
 async def admit(call: Call, body_bytes: int, limiter: Limiter, headers: bool = True) -> None:
     """Charge the call to its buckets, or refuse it; sets call.quota when admitted (with
@@ -58,7 +61,9 @@ async def admit(call: Call, body_bytes: int, limiter: Limiter, headers: bool = T
     verdict = limiter.check(plan, reserved) or await limiter.admit(plan, reserved)
     if not verdict.allowed:
         raise refusal(verdict, reserved, limiter)
-    call.quota = Quota(reserved, raw_ratelimit_headers(verdict) if headers else (), plan)
+    call.quota = _new_quota(
+        Quota, (reserved, raw_ratelimit_headers(verdict) if headers else (), plan)
+    )
 
 
 def settle(call: Call, limiter: Limiter) -> None:

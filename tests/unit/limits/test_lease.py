@@ -91,6 +91,7 @@ def shape_of(rpm: int, tpm: int, view: SpendView | None = None) -> Shape:
         ),
         budgets=tuple(("spend", b, view) for b in budgets if view is not None),
         tpm=(("tokens", leases[1]),),
+        spend=tuple((view, b.limit) for b in budgets if view is not None),
         spend_keys=("spend",),
         period_ids=("d20261129",),
         grant_keys=[],
