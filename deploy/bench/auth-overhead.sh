@@ -12,6 +12,7 @@
 # MAX_TOKENS=N (default 8) sets the answers' length; STREAM=1 streams them (each chunk
 # relayed costs the gateway more, so auth and limits are a smaller share of a call).
 # SETTLE_INTERVAL (default 0.25, the setting's default) paces the spend/token settles.
+# LEASE_PERIOD (default 1.0, the setting's default): how long leases and spend views live.
 # RATELIMIT_HEADERS=false: served calls without the x-ratelimit-* headers (auth setting).
 # CALLGRIND=1 runs both gateways under valgrind's callgrind, counting only while wrk runs,
 # and reports instructions per request instead of CPU time: the same on a busy machine as
@@ -61,7 +62,7 @@ models: [{name: sim-model, backends: [{url: "http://127.0.0.1:$sim"}], price: {i
 database: {url: "$URL", auto_migrate: true}
 ledger: {spool_dir: "$WORK/spool-$side", flush_interval: $(stretch 0.05)}
 redis: {url: "redis://127.0.0.1:6379/0", key_prefix: "$PFX", timeout: 1.0,
-        lease_period: $(stretch 1.0), settle_interval: $(stretch ${SETTLE_INTERVAL:-0.25})}
+        lease_period: $(stretch ${LEASE_PERIOD:-1.0}), settle_interval: $(stretch ${SETTLE_INTERVAL:-0.25})}
 auth: {enabled: $enabled, admin_key: adm, pepper: bench-pepper, cache_ttl: $(stretch 5.0)
        ${RATELIMIT_HEADERS:+, ratelimit_headers: $RATELIMIT_HEADERS}}
 YAML
