@@ -148,15 +148,19 @@ class Shape:
     calls: int = 0
     tokens: int = 0
     until: float = -math.inf
+    refresh_at: float = math.inf
     """The pocket: requests and tokens taken at once from each of the plan's leases (the
     requests from every request bucket's, the tokens from every token bucket's), which
-    its calls spend before ``until`` with a look at nothing else but the budgets."""
+    its calls spend before ``until`` with a look at nothing else but the budgets; from
+    ``refresh_at`` on, the first of them asks for the leases and views to be refreshed."""
 
     def fill(self, now: float, period: float) -> None:
-        """Take a pocket from the leases: up to 1/POCKET of each one's target, valid while
-        every lease and spend view is short of half its life (then it is refreshed anyway).
-        A lease too small to share (a target under POCKET) leaves the pocket empty: near a
-        limit every call is counted against the leases themselves, as before."""
+        """Take a pocket from the leases: up to 1/POCKET of each one's target, valid as long
+        as every lease and spend view is (``until``), and worth refreshing them from the time
+        the first of them is half its life old (``refresh_at``), so the calls go on from the
+        pocket while the top-up is on its way. A lease too small to share (a target under
+        POCKET) leaves the pocket empty: near a limit every call is counted against the
+        leases themselves, as before."""
         calls = tokens = UNLIMITED
         until = math.inf
         for _, _, tokens_kind, lease in self.buckets:
@@ -165,14 +169,15 @@ class Shape:
                 tokens = min(tokens, share)
             else:
                 calls = min(calls, share)
-            until = min(until, lease.expires - period / 2)
+            until = min(until, lease.expires)
         for _, _, view in self.budgets:
-            until = min(until, view.read_at + period / 2)
+            until = min(until, view.read_at + period)
         if calls <= 0 or tokens <= 0 or until <= now:
             return
         for _, _, tokens_kind, lease in self.buckets:
             lease.held -= tokens if tokens_kind else calls
         self.calls, self.tokens, self.until = calls, tokens, until
+        self.refresh_at = until - period / 2
 
     def empty(self) -> None:
         """Put the pocket back into the leases it came from."""

@@ -147,6 +147,8 @@ class RedisLimiter:
             else:
                 shape.calls -= 1
                 shape.tokens -= tokens
+                if now >= shape.refresh_at:
+                    self._refresh(shape, now)
                 if now - shape.verdict_at >= FRESH:
                     return self._fresh_verdict(shape, now)
                 return shape.verdict
@@ -231,16 +233,21 @@ class RedisLimiter:
         for _, _, tokens_kind, lease in shape.buckets:
             if lease.expires <= now or lease.held < (tokens if tokens_kind else 1):
                 return None
-        low = stale and not shape.refreshing  # spend views past half their life: refresh
+        low = stale  # spend views past half their life: refresh
         for _, _, tokens_kind, lease in shape.buckets:
             lease.held -= tokens if tokens_kind else 1
             low = lease.low(now, self._period) or low
         if low:
+            self._refresh(shape, now)
+        shape.fill(now, self._period)
+        return self._fresh_verdict(shape, now)
+
+    def _refresh(self, shape: Shape, now: float) -> None:
+        """Top up the plan's leases and read its spend again (once until that lands)."""
+        shape.refresh_at = math.inf
+        if not shape.refreshing:
             shape.refreshing = True
             self._ask(shape, 0, now, None)
-        else:
-            shape.fill(now, self._period)
-        return self._fresh_verdict(shape, now)
 
     def _fresh_verdict(self, shape: Shape, now: float) -> Verdict:
         shape.verdict = Verdict(True, self._windows(shape))

@@ -156,3 +156,37 @@ async def test_the_settle_that_spends_a_budget_goes_at_once(
         for lim in limiters:
             await lim.aclose()
         await client.aclose()
+
+
+async def test_calls_from_a_pocket_refresh_the_spend_views_at_half_their_life(
+    redis_server_url: str, redis_prefix: str
+) -> None:
+    """Calls keep coming from the pocket past half a period, and one of them has the spend
+    read again: the other replica's spend is in this one's view before the pocket ends."""
+    period = 1.0
+    spender, other = limiters = [
+        redis_limiter(redis_server_url, redis_prefix, CollectorRegistry(), lease_period=period)
+        for _ in range(2)
+    ]
+    for lim in limiters:
+        await lim.start()
+    try:
+        counter = Counter("key", "k-" + uuid.uuid4().hex[:8], "d20261129")
+        budget = Budget(counter, 1_000, datetime.now(UTC) + timedelta(days=1))
+        tag = "t-" + uuid.uuid4().hex[:8]
+        plan = Plan(tag, (Bucket("key", "requests", "k", 60_000),), (budget,), (counter,))
+        assert (await spender.admit(plan, 0)).allowed  # reads the spend (0) and fills a pocket
+        started = time.monotonic()
+        assert (await other.admit(plan, 0)).allowed
+        other.settle(plan, 0, 500)
+        await other.flush()  # the counter holds 500; the spender's view does not know yet
+        while time.monotonic() - started < 0.75 * period:  # past half life: one refreshes
+            assert (await spender.admit(plan, 0)).allowed
+            await asyncio.sleep(0.02)
+        spender.settle(plan, 0, 500)  # 500 + the other's 500: the budget is spent
+        refused = await spender.admit(plan, 0)
+        assert not refused.allowed
+        assert refused.refused_by == budget
+    finally:
+        for lim in limiters:
+            await lim.aclose()

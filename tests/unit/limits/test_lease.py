@@ -104,7 +104,7 @@ def test_a_pocket_takes_an_eighth_of_each_lease_and_goes_back_whole() -> None:
     shape.fill(now=0.1, period=1.0)
     assert (shape.calls, shape.tokens) == (100 // POCKET, 1_000 // POCKET)
     assert (requests.held, tokens.held) == (100 - 12, 1_000 - 125)
-    assert shape.until == 0.5  # the leases' half life
+    assert (shape.until, shape.refresh_at) == (1.0, 0.5)  # the leases' life, half of it
     shape.calls, shape.tokens = 2, 40  # spent: ten calls, 85 tokens
     shape.empty()
     assert (requests.held, tokens.held) == (90, 915)
@@ -113,23 +113,23 @@ def test_a_pocket_takes_an_eighth_of_each_lease_and_goes_back_whole() -> None:
     assert (requests.held, tokens.held) == (90, 915)
 
 
-def test_no_pocket_from_a_lease_too_small_to_share_or_past_half_its_life() -> None:
+def test_no_pocket_from_a_lease_too_small_to_share_or_past_its_life() -> None:
     small = shape_of(rpm=420, tpm=60_000)  # a target of 7 requests: every call counts on it
     small.fill(now=0.1, period=1.0)
     assert (small.calls, small.until) == (0, -math.inf)
     old = shape_of(rpm=6000, tpm=60_000)
-    old.fill(now=0.6, period=1.0)
+    old.fill(now=1.0, period=1.0)
     assert old.until == -math.inf
     assert all(lease.held == lease.target for *_, lease in old.buckets)
 
 
-def test_a_pocket_lasts_no_longer_than_half_the_life_of_the_spend_views() -> None:
+def test_a_pocket_lasts_no_longer_than_the_spend_views_and_refreshes_them_at_half_life() -> None:
     shape = shape_of(rpm=6000, tpm=60_000, view=SpendView(read_at=0.2))
     shape.fill(now=0.3, period=1.0)
-    assert shape.until == 0.5
+    assert (shape.until, shape.refresh_at) == (1.0, 0.5)  # the leases come first
     shape = shape_of(rpm=6000, tpm=60_000, view=SpendView(read_at=-0.1))
     shape.fill(now=0.3, period=1.0)
-    assert shape.until == 0.4
+    assert (shape.until, shape.refresh_at) == (0.9, 0.4)
 
 
 def test_headers_count_what_a_pocket_holds_as_still_in_the_bucket() -> None:
