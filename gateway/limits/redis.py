@@ -28,6 +28,12 @@ of the budget, which other replicas see that much later).
 Tokens refunded after a call stay in the lease up to its target (they were charged to
 the shared bucket), so a refund rarely costs a write; beyond it they go back.
 
+Within the replica a plan's calls spend from a *pocket* (lease.py: an eighth of each of
+its leases' targets, taken at once) and look at nothing but the plan's budgets; refunds go
+into the pocket. The first call past the half life of a lease or view asks for the top-up
+while the calls go on from the pocket; the pocket goes back to the leases when it is spent
+or too old, at the sweep after its leases' life, and at shutdown.
+
 One sender task talks to Redis: every pipeline carries the grants asked for since the last
 one (concurrent calls share a round trip) and, before them, every settle waiting (spend
 and token reconciliation, merged per key), so a grant's read of a counter includes all of
