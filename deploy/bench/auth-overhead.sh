@@ -13,6 +13,7 @@
 # relayed costs the gateway more, so auth and limits are a smaller share of a call).
 # SETTLE_INTERVAL (default 0.25, the setting's default) paces the spend/token settles.
 # LEASE_PERIOD (default 1.0, the setting's default): how long leases and spend views live.
+# Halfway through the rounds both gateways restart in the other order (NO_SWAP=1: not).
 # RATELIMIT_HEADERS=false: served calls without the x-ratelimit-* headers (auth setting).
 # CALLGRIND=1 runs both gateways under valgrind's callgrind, counting only while wrk runs,
 # and reports instructions per request instead of CPU time: the same on a busy machine as
@@ -70,11 +71,24 @@ done
 wait_up() { for _ in $(seq 600); do curl -fs "$1" >/dev/null && return; sleep 0.2; done; echo "no answer: $1" >&2; exit 1; }
 serve() {  # $1: off or on
   exec $GATEWAYS ${CALLGRIND:+valgrind --tool=callgrind --instr-atstart=no --trace-children=yes \
-    --callgrind-out-file="$WORK/$1.cg"} $G serve --config $1.yaml --port "$2" > $1.log 2>&1
+    --callgrind-out-file="$WORK/$1.cg"} $G serve --config $1.yaml --port "$(port $1)" >> $1.log 2>&1
 }
-serve off 18711 & pids+=($!); OFFPID=$!
-serve on 18712 & pids+=($!); ONPID=$!
-wait_up http://127.0.0.1:18711/health; wait_up http://127.0.0.1:18712/health
+port() { [ $1 = off ] && echo 18711 || echo 18712; }
+# Two processes running the same code differ by 1-2% from one start to the next (A/A runs
+# came out between -1.6% and +1.2%), so halfway through the rounds both restart, in the
+# other order, and a run averages two starts of each (not under callgrind).
+start() {  # $1 $2: the sides in the order they start; they warm up in the other order
+  serve $1 & pids+=($!); eval "${1^^}PID=$!"
+  serve $2 & pids+=($!); eval "${2^^}PID=$!"
+  wait_up "http://127.0.0.1:$(port $1)/health"; wait_up "http://127.0.0.1:$(port $2)/health"
+}
+restart() {  # $1 $2 as for start
+  kill $OFFPID $ONPID
+  for _ in $(seq 150); do kill -0 $OFFPID 2>/dev/null || kill -0 $ONPID 2>/dev/null || break; sleep 0.2; done
+  kill -9 $OFFPID $ONPID 2>/dev/null || true
+  start "$@"; run $2 >/dev/null; run $1 >/dev/null
+}
+start off on
 $G keys teams create bench $TEAMLIMITS --config on.yaml > /dev/null
 KEY=$($G keys create --team bench $KEYLIMITS --config on.yaml 2>/dev/null | python3 -c "import sys,json;print(json.load(sys.stdin)['key'])")
 curl -sf -o /dev/null http://127.0.0.1:18712/v1/chat/completions -H "authorization: Bearer $KEY" -H 'content-type: application/json' -d '{"model":"sim-model","messages":[{"role":"user","content":"hi"}],"max_tokens":2}' && echo "key works"
@@ -111,6 +125,7 @@ if [ -n "${PROFILE:-}" ]; then
 fi
 RATIO_RPS=""; RATIO_COST=""
 for i in $(seq $ROUNDS); do
+  [ $i = $((ROUNDS / 2 + 1)) ] && [ -z "${CALLGRIND:-}" ] && [ -z "${NO_SWAP:-}" ] && restart on off
   order="off on"; [ $((i % 2)) = 0 ] && order="on off"  # neither side always goes first
   declare -A R C
   for side in $order; do
