@@ -143,9 +143,7 @@ class RedisLimiter:
         now = time.monotonic()
         if not (plan.buckets or plan.budgets) or now < self._retry_at:
             return ALLOW
-        shape = self._shapes.get(id(plan))  # self._shape(plan), inlined for the common case
-        if shape is None or shape.plan is not plan:
-            shape = self._shape(plan)
+        shape = self._shape(plan)
         if now < shape.until and shape.calls > 0 and shape.tokens >= tokens:
             for view, limit in shape.spend:
                 if view.base + view.own - view.mark >= limit:  # view.value(), inlined
@@ -181,9 +179,7 @@ class RedisLimiter:
         """Only counts here: the sender turns what its shapes owe into SETTLE commands."""
         if not (tokens and plan.buckets) and not units:
             return
-        shape = self._shapes.get(id(plan))  # self._shape(plan), inlined for the common case
-        if shape is None or shape.plan is not plan:
-            shape = self._shape(plan)
+        shape = self._shape(plan)
         if tokens:
             if shape.until > -math.inf and shape.tokens >= tokens:  # refunds: any size
                 shape.tokens -= tokens  # the pocket: taken from every token lease alike
