@@ -36,13 +36,17 @@ ENDPOINTS = {path: endpoint for endpoint, path in forward.UPSTREAM_PATH.items()}
 async def handle(call: Call, body: bytes, endpoint: Endpoint, svc: Services) -> Response:
     """Take a call from its raw body to the response the client gets."""
     try:
-        call.principal = await auth.authenticate(call.headers, svc.keys)
+        call.principal = auth.known(call.headers, svc.keys) or await auth.authenticate(
+            call.headers, svc.keys
+        )
         call.request = parse.parse(body, endpoint, call.headers.get("x-session-id"))
         auth.authorize_model(call.principal, call.request.model)
         model = svc.backends.model(call.request.model)
         if endpoint != "embeddings":
             call.prefix = svc.prefix.key(call.request, model.encoding)
-        await limits.admit(call, len(body), svc.limits, svc.settings.auth.ratelimit_headers)
+        waiting = limits.admit(call, len(body), svc.limits, svc.settings.auth.ratelimit_headers)
+        if waiting is not None:  # the shared store must answer (most calls need not wait)
+            await waiting
         payload = forward.upstream_body(call.request, model.upstream_name, body)
         backend, upstream = await svc.batching.submit(
             call, model, payload, lambda c, body, pin: dispatch(c, model, body, svc, pin)

@@ -1,11 +1,11 @@
 """KeyRing: turns a bearer token into a Principal, and issues and revokes keys.
 
 Lookups go through a LookupCache indexed by the cache tag (a keyed BLAKE2b, see secret.py:
-the secret itself is never kept) of the whole Authorization header, so a cached call costs
-one BLAKE2b, a dict lookup and no await, and parses nothing; the HMAC that finds the key
-in the database is computed only on a miss. A disabled key stops working on every replica
-within auth.cache_ttl, and on the replica that disabled it at once. Expiry is checked on
-every call, so an expiring key ends on time even when cached.
+the secret itself is never kept) of the whole Authorization header, so a cached call
+(``known``) costs one BLAKE2b and a dict lookup, and awaits and parses nothing; the HMAC
+that finds the key in the database is computed only on a miss. A disabled key stops
+working on every replica within auth.cache_ttl, and on the replica that disabled it at
+once. Expiry is checked on every call, so an expiring key ends on time even when cached.
 """
 
 from __future__ import annotations
@@ -85,30 +85,29 @@ class KeyRing:
         """This month's (and today's) spend per key, from the ledger: seeds the budgets."""
         return await store.month_spend(self._engine, datetime.now(UTC))
 
-    async def authenticate(self, authorization: str | None) -> Principal:
-        """The caller's principal, or Unauthorized (401 invalid_api_key)."""
+    def known(self, authorization: str | None) -> Principal | None:
+        """The caller's principal when the key cache knows its header (no await, no parse:
+        nearly every call), Unauthorized when it knows it to be refused, None when only
+        ``authenticate`` can tell."""
         if not self.enabled:
             return ANONYMOUS
         if authorization is None:
+            return None
+        hit = self._cache.fresh(cache_tag(authorization))  # the tag of the whole header
+        return self._admit(hit.value) if hit is not None else None
+
+    async def authenticate(self, authorization: str | None) -> Principal:
+        """The caller's principal, or Unauthorized (401 invalid_api_key)."""
+        principal = self.known(authorization)
+        if principal is not None:
+            return principal
+        token = _bearer(authorization)
+        if token is None:
             raise self._refuse("missing", MISSING)
-        tag = cache_tag(authorization)  # of the whole header: a hit parses nothing
-        hit = self._cache.fresh(tag)
-        if hit is not None:
-            grant = hit.value
-        else:
-            token = _bearer(authorization)
-            if token is None:
-                raise self._refuse("missing", MISSING)
-            if not looks_like_key(token):
-                raise self._refuse("invalid", "Incorrect API key provided.")
-            grant = await self._lookup(token, tag)
-        if grant is None:
+        if not looks_like_key(token):
             raise self._refuse("invalid", "Incorrect API key provided.")
-        if grant.disabled:
-            raise self._refuse("disabled", "This API key has been disabled.")
-        if grant.expires_at is not None and grant.expires_at <= time.time():
-            raise self._refuse("expired", "This API key has expired.")
-        return grant.principal
+        assert authorization is not None
+        return self._admit(await self._lookup(token, cache_tag(authorization)))
 
     async def create_team(self, spec: TeamSpec) -> TeamInfo:
         return await store.create_team(self._engine, spec, datetime.now(UTC))
@@ -142,6 +141,15 @@ class KeyRing:
         key, team = found
         expires = key.expires_at.timestamp() if key.expires_at is not None else None
         return Grant(principal(key, team), expires, key.disabled_at is not None)
+
+    def _admit(self, grant: Grant | None) -> Principal:
+        if grant is None:
+            raise self._refuse("invalid", "Incorrect API key provided.")
+        if grant.disabled:
+            raise self._refuse("disabled", "This API key has been disabled.")
+        if grant.expires_at is not None and grant.expires_at <= time.time():
+            raise self._refuse("expired", "This API key has expired.")
+        return grant.principal
 
     def _refuse(self, reason: str, message: str) -> Unauthorized:
         self._failures.labels(reason).inc()

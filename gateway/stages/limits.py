@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 import math
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Awaitable, Iterable
 from datetime import UTC, datetime
 
 from gateway.errors import GatewayError, QuotaExceeded, RateLimited
@@ -45,12 +45,16 @@ _new_quota = tuple.__new__
 """Builds a Quota from a ready tuple in C (Quota(...) runs a Python-level __new__)."""
 
 
-async def admit(call: Call, body_bytes: int, limiter: Limiter, headers: bool = True) -> None:
+def admit(
+    call: Call, body_bytes: int, limiter: Limiter, headers: bool = True
+) -> Awaitable[None] | None:
     """Charge the call to its buckets, or refuse it; sets call.quota when admitted (with
-    the x-ratelimit-* headers for its response unless ``headers`` is off)."""
+    the x-ratelimit-* headers for its response unless ``headers`` is off). Returns None
+    when decided here (the common call: no coroutine to build and await), else what to
+    await while the store decides."""
     principal = call.principal
     if principal is None or principal.key_id is None:  # .anonymous, inlined: every call
-        return
+        return None
     prefix, request = call.prefix, call.request
     assert request is not None
     # The prompt's tokens (or a quarter of the body's bytes) and the answer's limit.
@@ -58,7 +62,22 @@ async def admit(call: Call, body_bytes: int, limiter: Limiter, headers: bool = T
         request.max_tokens or 0
     )
     plan = plan_for(principal, int(call.received_wall // 86400))  # the UTC day
-    verdict = limiter.check(plan, reserved) or await limiter.admit(plan, reserved)
+    verdict = limiter.check(plan, reserved)
+    if verdict is None:
+        return _admit_later(call, plan, reserved, limiter, headers)
+    _charge(call, verdict, plan, reserved, limiter, headers)
+    return None
+
+
+async def _admit_later(
+    call: Call, plan: Plan, reserved: int, limiter: Limiter, headers: bool
+) -> None:
+    _charge(call, await limiter.admit(plan, reserved), plan, reserved, limiter, headers)
+
+
+def _charge(
+    call: Call, verdict: Verdict, plan: Plan, reserved: int, limiter: Limiter, headers: bool
+) -> None:
     if not verdict.allowed:
         raise refusal(verdict, reserved, limiter)
     call.quota = _new_quota(

@@ -12,7 +12,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.errors import Unauthorized
-from gateway.flow import Cost
+from gateway.flow import ANONYMOUS, Cost
 from gateway.keys import KeyRing, store
 from gateway.keys.specs import KeySpec, TeamSpec
 from gateway.ledger.models import to_units
@@ -102,6 +102,35 @@ async def test_a_disabled_key_stops_here_at_once_and_elsewhere_within_the_ttl(
     with pytest.raises(Unauthorized, match="disabled"):
         await there.authenticate(f"Bearer {secret}")
     assert (await here.disable_key("key_nonexistent")) is None
+
+
+async def test_known_answers_from_the_cache_alone(engine: AsyncEngine) -> None:
+    """The pipeline's no-await path: None whenever a lookup (or a refusal only the lookup
+    can give) is needed, the principal or the refusal once the cache holds the answer."""
+    keys, other = ring(engine), ring(engine)
+    await keys.create_team(TeamSpec(name="eng"))
+    key, secret = await keys.create_key(KeySpec(team="eng"))
+    header = f"Bearer {secret}"
+    assert keys.known(header) is None  # not looked up yet
+    assert keys.known(None) is None  # authenticate() refuses it
+    assert keys.known("Bearer gk-wrong") is None
+    assert (await keys.authenticate(header)).key_id == key.id
+    known = keys.known(header)
+    assert known is not None
+    assert known.key_id == key.id
+    with pytest.raises(Unauthorized):
+        await keys.authenticate("Bearer gk-not-a-key-but-long-enough")
+    with pytest.raises(Unauthorized, match="Incorrect"):  # a cached not-found is a refusal
+        keys.known("Bearer gk-not-a-key-but-long-enough")
+    await other.authenticate(header)
+    await keys.disable_key(key.id)
+    with pytest.raises(Unauthorized, match="disabled"):
+        await keys.authenticate(header)
+    with pytest.raises(Unauthorized, match="disabled"):  # now cached as disabled
+        keys.known(header)
+    assert other.known(header) is not None  # the other replica's entry is still fresh
+    anonymous = KeyRing(AuthSettings(), engine, CollectorRegistry(), enabled=False)
+    assert anonymous.known(None) is ANONYMOUS
 
 
 async def test_an_expired_key_is_refused_even_from_the_cache(engine: AsyncEngine) -> None:
