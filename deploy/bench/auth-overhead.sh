@@ -11,6 +11,8 @@
 # collapsed stacks to DIR/off.txt and DIR/on.txt (flamegraph.pl or speedscope read them).
 # MAX_TOKENS=N (default 8) sets the answers' length; STREAM=1 streams them (each chunk
 # relayed costs the gateway more, so auth and limits are a smaller share of a call).
+# SYSTEM_WORDS=N sends an N-word system prompt (the same on every call) before a numbered
+# question (new on every call): app-shaped prompts instead of one tiny repeated body.
 # SETTLE_INTERVAL (default 0.25, the setting's default) paces the spend/token settles.
 # LEASE_PERIOD (default 1.0, the setting's default): how long leases and spend views live.
 # Halfway through the rounds both gateways restart in the other order (NO_SWAP=1: not).
@@ -95,7 +97,7 @@ curl -sf -o /dev/null http://127.0.0.1:18712/v1/chat/completions -H "authorizati
 pid() { [ $1 = off ] && echo $OFFPID || echo $ONPID; }
 url() { echo "http://127.0.0.1:$([ $1 = off ] && echo 18711 || echo 18712)/v1"; }
 HZ=$(getconf CLK_TCK)
-load() { $OTHERS wrk -t1 -c$CONC -d${SECONDS_PER_RUN}s -s "$CHAT_LUA" "$(url $1)/chat/completions" -- sim-model "$KEY" "$MAX_TOKENS" ${STREAM:+stream}; }
+load() { $OTHERS wrk -t1 -c$CONC -d${SECONDS_PER_RUN}s -s "$CHAT_LUA" "$(url $1)/chat/completions" -- sim-model "$KEY" "$MAX_TOKENS" "${STREAM:+stream}" "${SYSTEM_WORDS:-0}"; }
 UNIT="us CPU/request"; [ -n "${CALLGRIND:-}" ] && UNIT="instructions/request"
 run() {  # prints "req/s cost-per-request" (cost: CPU microseconds, or instructions)
   local before after out cost
