@@ -22,17 +22,13 @@ import random
 import time
 from collections.abc import Callable
 
-from gateway.bench.words import WORDS
+from gateway.bench.workloads import text
 from gateway.flow import Request
 from gateway.settings import PrefixSettings
 from gateway.stages.prefix import PrefixHasher
 
 ENCODING = "cl100k_base"
 Messages = list[dict[str, str]]
-
-
-def text(rng: random.Random, words: int) -> str:
-    return " ".join(rng.choice(WORDS) for _ in range(words))
 
 
 def fresh(rng: random.Random) -> Callable[[int], Messages]:

@@ -34,6 +34,8 @@ loading them never reaches for the network, which these machines do not have."""
 ROOT = 0
 """The parent hash (the seed) of the first block."""
 
+_xxh3 = xxhash.xxh3_64_intdigest
+
 PIECE_CHARS = 2048
 
 
@@ -205,6 +207,3 @@ def block_hashes(tokens: bytes, block_size: int, max_blocks: int) -> list[int]:
 
 def digest(data: bytes | memoryview) -> int:
     return _xxh3(data)
-
-
-_xxh3 = xxhash.xxh3_64_intdigest
