@@ -87,8 +87,8 @@ class KeyRing:
 
     def known(self, authorization: str | None) -> Principal | None:
         """The caller's principal when the key cache knows its header (no await, no parse:
-        nearly every call), Unauthorized when it knows it to be refused, None when only
-        ``authenticate`` can tell."""
+        nearly every call); raises Unauthorized when it knows the key is refused; None when
+        only ``authenticate`` can tell."""
         if not self.enabled:
             return ANONYMOUS
         if authorization is None:

@@ -191,8 +191,9 @@ def block_hashes(tokens: bytes, block_size: int, max_blocks: int) -> list[int]:
 
     XXH3 seeded with the parent's hash: a prompt of 1,000 tokens is hashed on every call
     (twice, with the answer learned after), and XXH3 takes a fifth of BLAKE2b's time per
-    block here. The hashes name cache affinity, nothing secret: a crafted collision could
-    only misroute the crafter's own call.
+    block here. The hashes only steer routing: a crafted collision (XXH3 is not
+    cryptographic) could make the index misplace a prefix and cost cache hits, never
+    change an answer or expose one, since each backend checks its own KV-cache hashes.
     """
     step = 4 * block_size
     end = min(len(tokens) // step, max_blocks) * step
