@@ -98,12 +98,6 @@ class RoutingSettings(Section):
     prefill elsewhere costs a whole prompt and leaves a second copy competing for cache
     (routing benchmark, shared-prefix: 4 overflowed ~1.5% of calls, hit ratio 0.90
     against 0.92; multi-turn unchanged)."""
-    long_match_tokens: int = Field(512, ge=1)
-    """A match covering more than this many tokens is worth its share times
-    covered / long_match_tokens: leaving a 1,000-token match costs four times the prefill of
-    leaving a 250-token one, so it earns a longer queue, while short matches keep the tight
-    guard (routing benchmark, shared-prefix: with a guard of 8 for every match, 1-2 of 4,480
-    calls left their 1,000-token prefix for a cold backend, ~145 ms of prefill each)."""
     session_affinity: bool = True
     min_match_share: float = Field(0.5, ge=0.0, le=1.0)
     """A match covering less of the prompt than this (e.g. only a shared system prompt) is

@@ -12,11 +12,6 @@ placements), so every rule is a unit test away. The cache-aware rule, and why:
   match of highest value, and to none whose value is negative, so a full match keeps
   the call within ``load_slack`` requests of the least loaded and a weaker one within
   fewer. The guard is tight because the tail latency is won or lost there.
-- Except for long matches: a match is a prefill saved, and prefill grows with tokens, so
-  one covering more than ``long_match_tokens`` is worth its share times covered /
-  long_match_tokens. A 1,000-token system prompt then keeps its calls within 16 requests
-  instead of 8, where leaving it costs a cold prefill of ~150 ms on the simulator; the
-  short matches of new conversations keep the tight guard, so they still spread.
 - Misses go to the backend with the fewest requests queued; among equals, to the one that
   was given a new prompt longest ago, then by KV usage, then by a consistent (rendezvous)
   hash of the conversation's anchor; never "backend 0 first". Conversations that start
@@ -110,10 +105,11 @@ class CacheAware:
         healthy = healthy_only(candidates)
         least = min(c.load for c in healthy)
         strong = {
-            c.name: self._worth(key, matches[c.name])
+            c.name: share
             for c in healthy
             if matches.get(c.name, 0) >= max(self._s.min_match_blocks, 1)
-            and covered(key, matches[c.name]) / max(key.tokens, 1) >= self._s.min_match_share
+            and (share := covered(key, matches[c.name]) / max(key.tokens, 1))
+            >= self._s.min_match_share
         }
         value = {
             c.name: strong[c.name] - self._queue_cost(c.load - least)
@@ -133,11 +129,6 @@ class CacheAware:
         if not index_ok:
             return self._pinned(key, matches, healthy, least, key.anchor, "fallback")
         return route(key, matches, self._placed.pick(healthy, key.anchor), "miss")
-
-    def _worth(self, key: PrefixKey, blocks: int) -> float:
-        """A match in shares of a prompt, scaled up for long ones (see the module docstring)."""
-        tokens = covered(key, blocks)
-        return tokens / max(key.tokens, 1) * max(1.0, tokens / self._s.long_match_tokens)
 
     def _queue_cost(self, extra_load: float) -> float:
         """Requests queued beyond the least loaded backend, in shares of a prompt: a whole

@@ -29,8 +29,7 @@ def pool(*loads: int, unhealthy: tuple[str, ...] = ()) -> list[Candidate]:
 
 @pytest.fixture
 def policy() -> CacheAware:
-    """Matches valued by share alone: no prompt here reaches long_match_tokens."""
-    return CacheAware(RoutingSettings(load_slack=4, min_match_share=0.5, long_match_tokens=10_000))
+    return CacheAware(RoutingSettings(load_slack=4, min_match_share=0.5))
 
 
 def test_hit_goes_to_the_backend_holding_most_of_the_prompt(policy: CacheAware) -> None:
@@ -76,19 +75,6 @@ def test_the_guard_tightens_with_a_smaller_share(policy: CacheAware) -> None:
     # 60% of the prompt: allowed 0.6 * 4 = 2.4 requests above the least loaded.
     assert policy.choose("m", key(100), {"b0": 60}, pool(2, 0)).backend == "b0"
     assert policy.choose("m", key(100), {"b0": 60}, pool(3, 0)).backend == "b1"
-
-
-def test_a_long_match_earns_a_longer_queue() -> None:
-    """Leaving a long match costs a long prefill: 1,600 tokens against a unit of 400 are
-    worth 4 prompts, so the call stays within 4 * load_slack = 16 requests; a 400-token
-    prompt only within 4, and a half share of the long one within 0.5 * 2 * 4 = 4."""
-    policy = CacheAware(RoutingSettings(load_slack=4, long_match_tokens=400))
-    assert policy.choose("m", key(100), {"b0": 100}, pool(16, 0)).decision == "hit"
-    assert policy.choose("m", key(100), {"b0": 100}, pool(17, 0)).backend == "b1"
-    assert policy.choose("m", key(25), {"b0": 25}, pool(4, 0)).decision == "hit"
-    assert policy.choose("m", key(25), {"b0": 25}, pool(5, 0)).backend == "b1"
-    assert policy.choose("m", key(100), {"b0": 50}, pool(4, 0)).decision == "hit"
-    assert policy.choose("m", key(100), {"b0": 50}, pool(5, 0)).backend == "b1"
 
 
 def test_a_weak_match_counts_as_a_miss(policy: CacheAware) -> None:
