@@ -98,6 +98,16 @@ class RoutingSettings(Section):
     prefill elsewhere costs a whole prompt and leaves a second copy competing for cache
     (routing benchmark, shared-prefix: 4 overflowed ~1.5% of calls, hit ratio 0.90
     against 0.92; multi-turn unchanged)."""
+    long_match_tokens: int = Field(512, ge=1)
+    """A match of more than this many tokens on a prefix few calls share is worth its share
+    times tokens / long_match_tokens: leaving it costs a long prefill and a second copy
+    competing for cache (routing benchmark, shared-prefix: with a guard of 8 for every
+    match, 1-2 of 4,480 calls left their 1,000-token prefix for a cold backend). A prefix
+    carrying more than one backend's share of the calls keeps the plain guard, so that it
+    spreads: valued by length alone, an agent's 2,000-token system prompt drew every new
+    conversation to one backend."""
+    popularity_window: float = Field(30.0, gt=0)
+    """Seconds over which the share of calls sharing a prefix is counted (two windows)."""
     session_affinity: bool = True
     min_match_share: float = Field(0.5, ge=0.0, le=1.0)
     """A match covering less of the prompt than this (e.g. only a shared system prompt) is

@@ -9,7 +9,14 @@ from gateway.flow import PrefixKey, Request
 from gateway.index.memory import MemoryIndex
 from gateway.settings import PrefixSettings, RoutingSettings
 from gateway.stages.prefix import PrefixHasher
-from gateway.stages.routing import CacheAware, Candidate, LeastLoaded, RoundRobin, make_policy
+from gateway.stages.routing import (
+    CacheAware,
+    Candidate,
+    LeastLoaded,
+    Popularity,
+    RoundRobin,
+    make_policy,
+)
 
 B = 16
 
@@ -29,7 +36,15 @@ def pool(*loads: int, unhealthy: tuple[str, ...] = ()) -> list[Candidate]:
 
 @pytest.fixture
 def policy() -> CacheAware:
-    return CacheAware(RoutingSettings(load_slack=4, min_match_share=0.5))
+    """Matches valued by share alone: no prompt here reaches long_match_tokens."""
+    return CacheAware(RoutingSettings(load_slack=4, min_match_share=0.5, long_match_tokens=10_000))
+
+
+def distinct(blocks: int, seed: int) -> PrefixKey:
+    """A prompt that shares no block with key() or with another seed's."""
+    return PrefixKey(
+        tokens=blocks * B, hashes=[seed * 10_000 + i for i in range(blocks)], block_size=B
+    )
 
 
 def test_hit_goes_to_the_backend_holding_most_of_the_prompt(policy: CacheAware) -> None:
@@ -75,6 +90,42 @@ def test_the_guard_tightens_with_a_smaller_share(policy: CacheAware) -> None:
     # 60% of the prompt: allowed 0.6 * 4 = 2.4 requests above the least loaded.
     assert policy.choose("m", key(100), {"b0": 60}, pool(2, 0)).backend == "b0"
     assert policy.choose("m", key(100), {"b0": 60}, pool(3, 0)).backend == "b1"
+
+
+def test_a_long_match_on_a_rare_prefix_earns_a_longer_queue() -> None:
+    """1,600 tokens against a unit of 400 are worth 4 prompts when few calls share them:
+    the call stays within 4 * load_slack = 16 requests. The same prompt once most calls
+    share it keeps the plain guard of 4, so that it spreads."""
+    policy = CacheAware(RoutingSettings(load_slack=4, long_match_tokens=400))
+    for seed in range(1, 21):  # other traffic: 20 prompts of their own
+        policy.choose("m", distinct(100, seed), {}, pool(0, 0))
+    assert policy.choose("m", key(100), {"b0": 100}, pool(16, 0)).decision == "hit"
+    assert policy.choose("m", key(100), {"b0": 100}, pool(17, 0)).backend == "b1"
+    short = distinct(25, 99)  # 400 tokens: not long
+    assert policy.choose("m", short, {"b0": 25}, pool(4, 0)).decision == "hit"
+    assert policy.choose("m", short, {"b0": 25}, pool(5, 0)).backend == "b1"
+    for _ in range(30):  # now the long prompt is most of the traffic
+        policy.choose("m", key(100), {}, pool(0, 0))
+    assert policy.choose("m", key(100), {"b0": 100}, pool(4, 0)).decision == "hit"
+    assert policy.choose("m", key(100), {"b0": 100}, pool(5, 0)).backend == "b1"
+
+
+def test_popularity_forgets_after_two_windows() -> None:
+    now = [0.0]
+    popular = Popularity(400, 10.0, lambda: now[0])
+    popular.count(key(100))
+    popular.count(distinct(100, 1))
+    assert popular.share(key(100), 100) == 0.5
+    assert popular.share(key(100), 24) == 0.0  # below the first counted depth (25 blocks)
+    now[0] = 15.0  # the previous window still counts
+    popular.count(distinct(100, 2))
+    assert popular.share(key(100), 100) == pytest.approx(1 / 3)
+    now[0] = 25.0
+    popular.count(distinct(100, 3))
+    assert popular.share(key(100), 100) == 0.0
+    now[0] = 100.0  # idle: nothing older is kept
+    popular.count(key(100))
+    assert popular.share(key(100), 100) == 1.0
 
 
 def test_a_weak_match_counts_as_a_miss(policy: CacheAware) -> None:
