@@ -247,6 +247,7 @@ class Popularity:
         self._before: Counter[int] = Counter()
         self._calls = [0, 0]
         self._turn_at = clock() + window
+        self._by_block: dict[int, tuple[int, ...]] = {}
 
     def count(self, key: PrefixKey) -> None:
         if self._clock() >= self._turn_at:
@@ -260,15 +261,21 @@ class Popularity:
     def share(self, key: PrefixKey, blocks: int) -> float:
         """Of the recent calls, the share that begins with this prompt's first ``blocks``
         blocks (at the deepest counted depth within them; 0 below the first)."""
-        depth = max((d for d in self._depths(key.block_size) if d <= blocks), default=0)
-        if depth == 0 or depth > len(key.hashes):
+        h = None
+        for depth in self._depths(key.block_size):
+            if depth > blocks or depth > len(key.hashes):
+                break
+            h = key.hashes[depth - 1]
+        if h is None:
             return 0.0
-        h = key.hashes[depth - 1]
-        return (self._now[h] + self._before[h]) / max(sum(self._calls), 1)
+        return (self._now[h] + self._before[h]) / max(self._calls[0] + self._calls[1], 1)
 
     def _depths(self, block_size: int) -> tuple[int, ...]:
-        first = max(self._unit // block_size, 1)
-        return (first, 2 * first, 4 * first)
+        depths = self._by_block.get(block_size)
+        if depths is None:
+            first = max(self._unit // block_size, 1)
+            depths = self._by_block[block_size] = (first, 2 * first, 4 * first)
+        return depths
 
     def _turn(self) -> None:
         now = self._clock()
