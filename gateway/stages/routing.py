@@ -99,13 +99,10 @@ def make_policy(settings: RoutingSettings) -> Policy:
 
 
 class CacheAware:
-    def __init__(
-        self, settings: RoutingSettings, clock: Callable[[], float] = time.monotonic
-    ) -> None:
+    def __init__(self, settings: RoutingSettings) -> None:
         self._s = settings
         self._placed = Placements()
         self._popular: dict[str, Popularity] = {}
-        self._clock = clock
 
     def choose(
         self,
@@ -150,7 +147,7 @@ class CacheAware:
         popular = self._popular.get(model)
         if popular is None:
             popular = self._popular[model] = Popularity(
-                self._s.long_match_tokens, self._s.popularity_window, self._clock
+                self._s.long_match_tokens, self._s.popularity_window, time.monotonic
             )
         return popular
 
@@ -238,7 +235,9 @@ class Popularity:
     Counted at a few depths only (the chain hashes at 1, 2 and 4 times ``unit`` tokens),
     so a call costs three counter increments; a prefix is judged at the deepest of them it
     covers, which counts every call sharing at least that much (a little more than share
-    the whole prefix). Two windows of ``window`` seconds: the current and the previous.
+    the whole prefix). Two windows of ``window`` seconds, the current and the previous, so
+    at most three entries per call of the last two windows. Each replica counts its own
+    calls: a share, which replicas behind one balancer see alike.
     """
 
     def __init__(self, unit: int, window: float, clock: Callable[[], float]) -> None:
