@@ -32,7 +32,7 @@ import sys
 import tempfile
 from collections import Counter
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -439,15 +439,15 @@ def num(value: float | None, fmt: str = ".0f") -> str:
 
 
 async def campaign(
-    workloads: Sequence[str], setups: Sequence[Setup], bench: Bench, repeat: int
+    workloads: Sequence[Workload], setups: Sequence[Setup], bench: Bench, repeat: int
 ) -> list[Result]:
     """Every setup on every workload; a repetition runs the setups in reverse order."""
     results = []
     for rep in range(repeat):
         order = setups if rep % 2 == 0 else list(reversed(setups))
-        for name in workloads:
+        for workload in workloads:
             for setup in order:
-                result = await measure(setup, WORKLOADS[name], bench)
+                result = await measure(setup, workload, bench)
                 print(render([result]).splitlines()[1], file=sys.stderr, flush=True)
                 results.append(result)
     return results
@@ -463,6 +463,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--steady-after", type=int, default=d.steady_after,
                    help="requests that warm the caches before the steady figures")  # fmt: skip
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--system-words", type=int, help="multi-turn: system prompt words (48)")
     p.add_argument("--instances", type=int, default=d.instances)
     p.add_argument("--cache-blocks", type=int, default=d.cache_blocks, help="per instance")
     p.add_argument("--repeat", type=int, default=1, help="repetitions, alternating order")
@@ -472,6 +473,17 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--json", type=Path, help="write the results here")
     p.add_argument("--from-json", type=Path, help="print the tables of saved results, run none")
     return p.parse_args(argv)
+
+
+def chosen(args: argparse.Namespace) -> list[Workload]:
+    names = list(WORKLOADS) if args.workload == "both" else [args.workload]
+    workloads = [WORKLOADS[name] for name in names]
+    if args.system_words:
+        return [
+            replace(w, system_words=args.system_words) if isinstance(w, MultiTurn) else w
+            for w in workloads
+        ]
+    return workloads
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -487,12 +499,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         gateway_routing=orjson.loads(args.gateway_routing),
         logs=args.logs,
     )
-    workloads = list(WORKLOADS) if args.workload == "both" else [args.workload]
     setups = [SETUPS[name] for name in args.configs]
     if args.from_json:
         results = [Result(**row) for row in orjson.loads(args.from_json.read_bytes())]
     else:
-        results = asyncio.run(campaign(workloads, setups, bench, args.repeat))
+        results = asyncio.run(campaign(chosen(args), setups, bench, args.repeat))
     print(render(results))
     print(render_misses(results))
     print("\n".join(check(results)))
