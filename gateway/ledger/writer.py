@@ -126,7 +126,7 @@ class LedgerWriter:
         chunk = self._spool.read(self._settings.batch_size)
         if chunk is None:
             return
-        if not chunk.rows or await self._write(chunk.rows):
+        if not chunk.rows or await self._write(chunk.rows, replay=True):
             self._spool.commit(chunk)
             self._metrics.spool_rows.set(self._spool.rows)
             if not self._spool.rows:
@@ -138,8 +138,13 @@ class LedgerWriter:
         self._metrics.queue_depth.set(len(self._queue))
         return batch
 
-    async def _write(self, rows: list[Row]) -> bool:
-        """Insert one batch; False (and a longer backoff) if the database failed."""
+    async def _write(self, rows: list[Row], replay: bool = False) -> bool:
+        """Insert one batch; False (and a longer backoff) if the database failed.
+
+        A replayed batch counts every row as written, the new ones and those already there:
+        a spooled row was never counted, and one already there was committed by the write
+        that failed to answer (the connection cut after the commit), which counted nothing.
+        """
         try:
             new = await self._sink.insert(rows)
         except Exception as exc:
@@ -155,7 +160,7 @@ class LedgerWriter:
             self._next_attempt = time.monotonic() + self._retry
             return False
         self._retry = 0.0
-        self._metrics.rows_written.inc(len(new))
+        self._metrics.rows_written.inc(len(rows) if replay else len(new))
         self._metrics.lag.set(max(time.time() - done_wall(rows[0]), 0.0))  # queued first: oldest
         if self._on_written is not None and new:
             self._on_written(new)
