@@ -119,10 +119,11 @@ class CacheAware:
         popular = self._popularity(model)
         popular.count(key)
         strong = {
-            c.name: self._worth(popular, key, matches[c.name], len(healthy))
+            c.name: self._worth(popular, key, matches[c.name], tokens, len(healthy))
             for c in healthy
             if matches.get(c.name, 0) >= max(self._s.min_match_blocks, 1)
-            and covered(key, matches[c.name]) / max(key.tokens, 1) >= self._s.min_match_share
+            and (tokens := covered(key, matches[c.name])) / max(key.tokens, 1)
+            >= self._s.min_match_share
         }
         value = {
             c.name: strong[c.name] - self._queue_cost(c.load - least)
@@ -151,10 +152,11 @@ class CacheAware:
             )
         return popular
 
-    def _worth(self, popular: Popularity, key: PrefixKey, blocks: int, backends: int) -> float:
-        """A match in shares of the prompt, more for a long one few calls share (see the
-        module docstring)."""
-        tokens = covered(key, blocks)
+    def _worth(
+        self, popular: Popularity, key: PrefixKey, blocks: int, tokens: int, backends: int
+    ) -> float:
+        """A match of ``tokens`` (``blocks``) in shares of the prompt, more for a long one
+        few calls share (see the module docstring)."""
         share = tokens / max(key.tokens, 1)
         long = self._s.long_match_tokens
         if tokens <= long or popular.share(key, blocks) > 1 / backends:
