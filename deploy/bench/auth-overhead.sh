@@ -16,7 +16,8 @@
 # SETTLE_INTERVAL (default 0.25, the setting's default) paces the spend/token settles.
 # LEASE_PERIOD (default 1.0, the setting's default): how long leases and spend views live.
 # Halfway through the rounds both gateways restart in the other order (NO_SWAP=1: not).
-# RATELIMIT_HEADERS=false: served calls without the x-ratelimit-* headers (auth setting).
+# RATELIMIT_HEADERS=true: served calls carry the x-ratelimit-* headers too (auth setting;
+# off by default, as in the gateway: only refusals carry them).
 # CALLGRIND=1 runs both gateways under valgrind's callgrind, counting only while wrk runs,
 # and reports instructions per request instead of CPU time: the same on a busy machine as
 # on a quiet one, where CPU time per request drifts by 10-20% from one run to the next.

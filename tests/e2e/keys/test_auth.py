@@ -21,7 +21,9 @@ MESSAGES = [{"role": "user", "content": "hello there"}]
 def gateway(
     sims: list[str], keys_db: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[str]:
-    cfg = write_config(tmp_path_factory.mktemp("auth") / "g.yaml", sims, **auth_sections(keys_db))
+    sections = auth_sections(keys_db)
+    sections["auth"]["ratelimit_headers"] = True  # off by default: test_limits checks that
+    cfg = write_config(tmp_path_factory.mktemp("auth") / "g.yaml", sims, **sections)
     with gateway_process("serve", "--config", str(cfg)) as url:
         yield url
 

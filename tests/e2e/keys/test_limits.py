@@ -82,6 +82,18 @@ def test_a_key_rate_limit_holds_across_both_gateways(pair: list[str]) -> None:
         assert h["x-ratelimit-remaining-requests"] == "0"
 
 
+def test_served_calls_carry_no_ratelimit_headers_by_default(pair: list[str]) -> None:
+    """Only refusals carry them unless auth.ratelimit_headers is on (test_auth turns it on)."""
+    _, key = issue_key(pair[0], f"t{uuid.uuid4().hex[:6]}", rpm=100, tpm=100_000)
+    with openai.OpenAI(base_url=pair[0] + "/v1", api_key=key, max_retries=0) as client:
+        raw = client.chat.completions.with_raw_response.create(
+            model=MODEL, messages=MESSAGES, max_tokens=2
+        )
+    assert raw.parse().choices[0].message.content
+    assert not [name for name in raw.headers if name.startswith("x-ratelimit-")]
+    assert raw.headers["x-request-id"]
+
+
 def test_a_limit_large_enough_to_lease_holds_across_both_gateways(pair: list[str]) -> None:
     """120 a minute: each gateway serves from leases of up to 2 requests (redis.py)."""
     _, key = issue_key(pair[0], f"t{uuid.uuid4().hex[:6]}", rpm=120)
