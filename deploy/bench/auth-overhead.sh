@@ -2,11 +2,15 @@
 # Throughput with auth + limits on vs off: two gateways, identical but for auth.enabled,
 # each in front of its own instant simulator, sharing Postgres (ledger) and Redis.
 # Usage: [ROUNDS=N] [SECONDS_PER_RUN=S] [COMPARE=1] deploy/bench/auth-overhead.sh
-# (Postgres and Redis on 127.0.0.1; ports 187xx). wrk (-t1 -c16) alternates between the
-# two ROUNDS times, so drift on a shared machine hits both alike, and prints req/s and each
-# gateway process's CPU time per request (which other load disturbs far less), then the
-# medians. COMPARE=1 also runs `gateway bench compare` both ways (a Python client: about
-# 400 req/s per target, so there it measures the client more than the gateways).
+# (Postgres and Redis on 127.0.0.1; ports 187xx). Each round loads both gateways at once
+# (a wrk -t1 -c16 each, for SECONDS_PER_RUN), and the two share one core, so whatever
+# slows the machine slows both in the same seconds; it prints req/s and each gateway
+# process's CPU time per request, then the medians. ALTERNATE=1 loads one side at a time
+# instead, in turn (the method before 2026-11-30, session 8: on a machine whose speed
+# swings from one 4-second run to the next, its per-round ratios ranged from -31% to +30%).
+# AA=1 turns auth off on both sides: what the method reads when there is no difference.
+# COMPARE=1 also runs `gateway bench compare` both ways (a Python client: about 400 req/s
+# per target, so there it measures the client more than the gateways).
 # PROFILE=DIR first runs each side once under py-spy (400 Hz, --nonblocking) and writes
 # collapsed stacks to DIR/off.txt and DIR/on.txt (flamegraph.pl or speedscope read them).
 # MAX_TOKENS=N (default 8) sets the answers' length; STREAM=1 streams them (each chunk
@@ -59,7 +63,7 @@ $OTHERS $G sim $SIMARGS --port 18701 > sim1.log 2>&1 & pids+=($!)
 $OTHERS $G sim $SIMARGS --port 18702 > sim2.log 2>&1 & pids+=($!)
 for side in off on; do
   port=$([ $side = off ] && echo 18711 || echo 18712); sim=$([ $side = off ] && echo 18701 || echo 18702)
-  enabled=$([ $side = off ] && echo false || echo true)
+  enabled=$([ $side = off ] || [ -n "${AA:-}" ] && echo false || echo true)
   cat > $side.yaml <<YAML
 server: {access_log: false}
 models: [{name: sim-model, backends: [{url: "http://127.0.0.1:$sim"}], price: {input: "0.15", cached_input: "0.075", output: "0.6"}}]
@@ -114,6 +118,20 @@ run() {  # prints "req/s cost-per-request" (cost: CPU microseconds, or instructi
   echo "$out" | awk -v c="$cost" \
     '/requests in/ {n=$1} /Requests\/sec/ {rps=$2} /Non-2xx/ {bad=$NF} END {if (bad) print "non-2xx: " bad > "/dev/stderr"; printf "%.1f %.1f\n", rps, c / n}'
 }
+together() {  # both sides at once; prints "rps_off cost_off rps_on cost_on"
+  local a0 b0 a1 b1 first=$1 second=$2
+  a0=$(cpu_ticks $OFFPID); b0=$(cpu_ticks $ONPID)
+  load $first > "$WORK/$first.wrk" & local l1=$!
+  load $second > "$WORK/$second.wrk" & local l2=$!
+  wait $l1 $l2
+  a1=$(cpu_ticks $OFFPID); b1=$(cpu_ticks $ONPID)
+  for side in off on; do
+    local ticks=$([ $side = off ] && echo $((a1 - a0)) || echo $((b1 - b0)))
+    awk -v t="$ticks" -v hz="$HZ" '/requests in/ {n=$1} /Requests\/sec/ {rps=$2} /Non-2xx/ {bad=$NF}
+      END {if (bad) print "non-2xx: " bad > "/dev/stderr"; printf "%.1f %.1f ", rps, t / hz * 1e6 / n}' "$WORK/$side.wrk"
+  done
+  echo
+}
 declare -A RPS CPU
 run on >/dev/null; run off >/dev/null   # warm up both
 if [ -n "${PROFILE:-}" ]; then
@@ -131,11 +149,13 @@ for i in $(seq $ROUNDS); do
   [ $i = $((ROUNDS / 2 + 1)) ] && [ -z "${CALLGRIND:-}" ] && [ -z "${NO_SWAP:-}" ] && restart on off
   order="off on"; [ $((i % 2)) = 0 ] && order="on off"  # neither side always goes first
   declare -A R C
+  if [ -z "${CALLGRIND:-}" ] && [ -z "${ALTERNATE:-}" ]; then
+    read -r R[off] C[off] R[on] C[on] < <(together $order)
+  fi
   for side in $order; do
-    read -r rps us < <(run $side)
-    R[$side]=$rps; C[$side]=$us
-    RPS[$side]="${RPS[$side]:-} $rps"; CPU[$side]="${CPU[$side]:-} $us"
-    echo "round $i auth+limits $side: $rps req/s, $us $UNIT"
+    [ -n "${CALLGRIND:-}${ALTERNATE:-}" ] && read -r R[$side] C[$side] < <(run $side)
+    RPS[$side]="${RPS[$side]:-} ${R[$side]}"; CPU[$side]="${CPU[$side]:-} ${C[$side]}"
+    echo "round $i auth+limits $side: ${R[$side]} req/s, ${C[$side]} $UNIT"
   done
   RATIO_RPS="$RATIO_RPS $(python3 -c "print(${R[on]} / ${R[off]})")"
   RATIO_COST="$RATIO_COST $(python3 -c "print(${C[on]} / ${C[off]})")"
