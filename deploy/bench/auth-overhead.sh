@@ -8,7 +8,8 @@
 # process's CPU time per request, then the medians. ALTERNATE=1 loads one side at a time
 # instead, in turn (the method before 2026-11-30, session 8: on a machine whose speed
 # swings from one 4-second run to the next, its per-round ratios ranged from -31% to +30%).
-# AA=1 turns auth off on both sides: what the method reads when there is no difference.
+# AA=1 turns auth off on both sides: what the method reads when there is no difference;
+# AA=keyed turns it on on both (one key, its leases shared by the two gateways).
 # COMPARE=1 also runs `gateway bench compare` both ways (a Python client: about 400 req/s
 # per target, so there it measures the client more than the gateways).
 # PROFILE=DIR first runs each side once under py-spy (400 Hz, --nonblocking) and writes
@@ -63,7 +64,7 @@ $OTHERS $G sim $SIMARGS --port 18701 > sim1.log 2>&1 & pids+=($!)
 $OTHERS $G sim $SIMARGS --port 18702 > sim2.log 2>&1 & pids+=($!)
 for side in off on; do
   port=$([ $side = off ] && echo 18711 || echo 18712); sim=$([ $side = off ] && echo 18701 || echo 18702)
-  enabled=$([ $side = off ] || [ -n "${AA:-}" ] && echo false || echo true)
+  enabled=$([ "${AA:-}" = keyed ] && echo true || { [ $side = off ] || [ -n "${AA:-}" ] && echo false || echo true; })
   cat > $side.yaml <<YAML
 server: {access_log: false}
 models: [{name: sim-model, backends: [{url: "http://127.0.0.1:$sim"}], price: {input: "0.15", cached_input: "0.075", output: "0.6"}}]
