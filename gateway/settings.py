@@ -172,7 +172,7 @@ class AuthSettings(Section):
     ratelimit_headers: bool = False
     """Also send the x-ratelimit-* headers on served calls, as OpenAI does. Refusals (429)
     always carry them with Retry-After, and that is what clients act on (the openai SDK
-    reads nothing else); on every served call the six headers cost a tiny call 2-4% of
+    reads nothing else); on every served call the six headers cost a tiny call 3-4% of
     its gateway CPU, for clients that pace themselves from them (README, Performance).
     Off by default for that reason, as in Envoy's rate limit filter."""
 
