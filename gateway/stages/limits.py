@@ -11,7 +11,8 @@ counters as the ledger prices it; budgets are checked in the same round trip as 
 Refusals: over a rate limit, 429 rate_limit_exceeded with Retry-After (the openai client
 waits and retries); over a budget, 429 insufficient_quota with ``x-should-retry: false``
 (no point retrying before the period ends). The x-ratelimit-* headers report the tightest
-of the key's and the team's buckets, on refusals and on served calls.
+of the key's and the team's buckets, on refusals, and on served calls with
+auth.ratelimit_headers on.
 """
 
 from __future__ import annotations
