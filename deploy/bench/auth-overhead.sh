@@ -64,7 +64,10 @@ $OTHERS $G sim $SIMARGS --port 18701 > sim1.log 2>&1 & pids+=($!)
 $OTHERS $G sim $SIMARGS --port 18702 > sim2.log 2>&1 & pids+=($!)
 for side in off on; do
   port=$([ $side = off ] && echo 18711 || echo 18712); sim=$([ $side = off ] && echo 18701 || echo 18702)
-  enabled=$([ "${AA:-}" = keyed ] && echo true || { [ $side = off ] || [ -n "${AA:-}" ] && echo false || echo true; })
+  case "${AA:-}:$side" in
+    keyed:*|:on) enabled=true ;;
+    *) enabled=false ;;
+  esac
   cat > $side.yaml <<YAML
 server: {access_log: false}
 models: [{name: sim-model, backends: [{url: "http://127.0.0.1:$sim"}], price: {input: "0.15", cached_input: "0.075", output: "0.6"}}]
@@ -116,8 +119,11 @@ run() {  # prints "req/s cost-per-request" (cost: CPU microseconds, or instructi
     after=$(cpu_ticks $(pid $1))
     cost=$(python3 -c "print(($after - $before) / $HZ * 1e6)")
   fi
-  echo "$out" | awk -v c="$cost" \
-    '/requests in/ {n=$1} /Requests\/sec/ {rps=$2} /Non-2xx/ {bad=$NF} END {if (bad) print "non-2xx: " bad > "/dev/stderr"; printf "%.1f %.1f\n", rps, c / n}'
+  echo "$out" | per_request "$cost"; echo
+}
+per_request() {  # wrk's output on stdin, $1 the run's cost: prints "req/s cost-per-request"
+  awk -v c="$1" '/requests in/ {n=$1} /Requests\/sec/ {rps=$2} /Non-2xx/ {bad=$NF}
+    END {if (bad) print "non-2xx: " bad > "/dev/stderr"; printf "%.1f %.1f ", rps, c / n}'
 }
 together() {  # both sides at once; prints "rps_off cost_off rps_on cost_on"
   local a0 b0 a1 b1 first=$1 second=$2
@@ -126,11 +132,8 @@ together() {  # both sides at once; prints "rps_off cost_off rps_on cost_on"
   load $second > "$WORK/$second.wrk" & local l2=$!
   wait $l1 $l2
   a1=$(cpu_ticks $OFFPID); b1=$(cpu_ticks $ONPID)
-  for side in off on; do
-    local ticks=$([ $side = off ] && echo $((a1 - a0)) || echo $((b1 - b0)))
-    awk -v t="$ticks" -v hz="$HZ" '/requests in/ {n=$1} /Requests\/sec/ {rps=$2} /Non-2xx/ {bad=$NF}
-      END {if (bad) print "non-2xx: " bad > "/dev/stderr"; printf "%.1f %.1f ", rps, t / hz * 1e6 / n}' "$WORK/$side.wrk"
-  done
+  per_request "$(python3 -c "print(($a1 - $a0) / $HZ * 1e6)")" < "$WORK/off.wrk"
+  per_request "$(python3 -c "print(($b1 - $b0) / $HZ * 1e6)")" < "$WORK/on.wrk"
   echo
 }
 declare -A RPS CPU
@@ -150,11 +153,10 @@ for i in $(seq $ROUNDS); do
   [ $i = $((ROUNDS / 2 + 1)) ] && [ -z "${CALLGRIND:-}" ] && [ -z "${NO_SWAP:-}" ] && restart on off
   order="off on"; [ $((i % 2)) = 0 ] && order="on off"  # neither side always goes first
   declare -A R C
-  if [ -z "${CALLGRIND:-}" ] && [ -z "${ALTERNATE:-}" ]; then
-    read -r R[off] C[off] R[on] C[on] < <(together $order)
-  fi
+  one_at_a_time=${CALLGRIND:-}${ALTERNATE:-}
+  [ -z "$one_at_a_time" ] && read -r R[off] C[off] R[on] C[on] < <(together $order)
   for side in $order; do
-    [ -n "${CALLGRIND:-}${ALTERNATE:-}" ] && read -r R[$side] C[$side] < <(run $side)
+    [ -n "$one_at_a_time" ] && read -r R[$side] C[$side] < <(run $side)
     RPS[$side]="${RPS[$side]:-} ${R[$side]}"; CPU[$side]="${CPU[$side]:-} ${C[$side]}"
     echo "round $i auth+limits $side: ${R[$side]} req/s, ${C[$side]} $UNIT"
   done
