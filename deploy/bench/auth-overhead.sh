@@ -20,7 +20,8 @@
 # question (new on every call): app-shaped prompts instead of one tiny repeated body.
 # SETTLE_INTERVAL (default 0.25, the setting's default) paces the spend/token settles.
 # LEASE_PERIOD (default 1.0, the setting's default): how long leases and spend views live.
-# Halfway through the rounds both gateways restart in the other order (NO_SWAP=1: not).
+# Every RESTART_EVERY rounds (default 2) both gateways restart, the other one first each
+# time (NO_SWAP=1: never).
 # RATELIMIT_HEADERS=true: served calls carry the x-ratelimit-* headers too (auth setting;
 # off by default, as in the gateway: only refusals carry them).
 # CALLGRIND=1 runs both gateways under valgrind's callgrind, counting only while wrk runs,
@@ -37,6 +38,7 @@ ROUNDS=${ROUNDS:-5}
 SECONDS_PER_RUN=${SECONDS_PER_RUN:-5}
 REQUESTS=${REQUESTS:-3000}
 MAX_TOKENS=${MAX_TOKENS:-8}
+RESTART_EVERY=${RESTART_EVERY:-2}
 # PIN=1 (the default with two or more cores) runs both gateways on core 0 and everything
 # else (simulators, wrk) on core 1, so a gateway never shares its core with the load.
 PIN=${PIN:-$([ "$(nproc)" -ge 2 ] && echo 1 || echo 0)}
@@ -85,9 +87,12 @@ serve() {  # $1: off or on
     --callgrind-out-file="$WORK/$1.cg"} $G serve --config $1.yaml --port "$(port $1)" >> $1.log 2>&1
 }
 port() { [ $1 = off ] && echo 18711 || echo 18712; }
-# Two processes running the same code differ by 1-2% from one start to the next (A/A runs
-# came out between -1.6% and +1.2%), so halfway through the rounds both restart, in the
-# other order, and a run averages two starts of each (not under callgrind).
+# Two processes running the same code differ from one start to the next, by more than the
+# two sides do: A/A runs of a start each came out 1-2 points apart, and off/on runs that
+# never restarted gave -2% with the off side started first and -7% to -8% after a restart
+# with the on side first (2026-11-30, session 9). So both restart every RESTART_EVERY
+# rounds, in turn in either order, and a run's median is over many starts of each side
+# (not under callgrind).
 start() {  # $1 $2: the sides in the order they start; they warm up in the other order
   serve $1 & pids+=($!); eval "${1^^}PID=$!"
   serve $2 & pids+=($!); eval "${2^^}PID=$!"
@@ -150,7 +155,9 @@ if [ -n "${PROFILE:-}" ]; then
 fi
 RATIO_RPS=""; RATIO_COST=""
 for i in $(seq $ROUNDS); do
-  [ $i = $((ROUNDS / 2 + 1)) ] && [ -z "${CALLGRIND:-}" ] && [ -z "${NO_SWAP:-}" ] && restart on off
+  if [ $i -gt 1 ] && [ $(((i - 1) % RESTART_EVERY)) = 0 ] && [ -z "${CALLGRIND:-}${NO_SWAP:-}" ]; then
+    if [ $(((i - 1) / RESTART_EVERY % 2)) = 1 ]; then restart on off; else restart off on; fi
+  fi
   order="off on"; [ $((i % 2)) = 0 ] && order="on off"  # neither side always goes first
   declare -A R C
   one_at_a_time=${CALLGRIND:-}${ALTERNATE:-}
