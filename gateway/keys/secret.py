@@ -5,11 +5,14 @@ the server-side pepper is stored, so a leaked table is useless without the peppe
 256 random bits no pepper is needed against guessing, which is why a plain fast hash
 (not a password KDF) is right here; it is computed only when the key cache misses.
 
-The cache is indexed by a *tag* instead: a BLAKE2b of the presented token keyed with a
-random key made at start, per process. So the cache holds no secret (a memory dump shows
-tags that match neither the stored hashes nor anything computable without the process's
-key), and the call pays BLAKE2b (CPython's own, about 0.5 us) rather than the HMAC
-(OpenSSL 3 sets up its digest on every call: 1.5 us and up).
+The cache is indexed by a *tag* instead: a BLAKE2b of a random key made at start (per
+process) followed by the presented header. So the cache holds no secret (a memory dump
+shows tags that match neither the stored hashes nor anything computable without the
+process's key), and the call pays BLAKE2b (CPython's own, about 0.3 us) rather than the
+HMAC (OpenSSL 3 sets up its digest on every call: 1.5 us and up). The key goes in front
+of the message rather than in BLAKE2b's keyed mode: BLAKE2 cannot be length-extended, so
+hashing key || message is a MAC as sound as the keyed mode, and the keyed mode pads the key
+to a block of its own, which costs every header a second compression (0.5-0.7 us a call).
 """
 
 from __future__ import annotations
@@ -40,8 +43,9 @@ def hash_secret(secret: str, pepper: str) -> str:
     return hmac.digest(pepper.encode(), secret.encode(), "sha256").hex()  # the C fast path
 
 
-_TAGGER = hashlib.blake2b(key=secrets.token_bytes(32), digest_size=32)
-"""The keyed state, made once: a copy of it skips hashing the key block on every call."""
+_TAGGER = hashlib.blake2b(secrets.token_bytes(32), digest_size=32)
+"""The state with the key taken in, made once (a copy of it is where every tag starts);
+key and header share one 128-byte block up to a 96-byte header."""
 
 
 def cache_tag(header: str) -> bytes:
