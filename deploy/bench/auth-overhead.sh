@@ -87,13 +87,12 @@ serve() {  # $1: off or on
     --callgrind-out-file="$WORK/$1.cg"} $G serve --config $1.yaml --port "$(port $1)" >> $1.log 2>&1
 }
 port() { [ $1 = off ] && echo 18711 || echo 18712; }
-# Two processes running the same code differ from one start to the next, by more than the
-# two sides do: A/A runs of a start each came out 1-2 points apart, and off/on runs that
-# never restarted gave -2% with the off side started first and -7% to -8% after a restart
-# with the on side first (2026-11-30, session 9). So both restart every RESTART_EVERY
-# rounds, in turn in either order, and a run's median is over many starts of each side
-# (not under callgrind).
-start() {  # $1 $2: the sides in the order they start; they warm up in the other order
+# Two starts of the same code differ by 1-2 points (A/A runs), so both restart every
+# RESTART_EVERY rounds, in turn in either order, and a run's median is over many starts of
+# each side (not under callgrind). They warm up together, as the rounds load them: warmed
+# up one after the other (the method until session 9), the side warmed up last ran the
+# next rounds 2-4 points slower, so off/on came out at -3% or -7.5% by the order alone.
+start() {  # $1 $2: the sides in the order they start
   serve $1 & pids+=($!); eval "${1^^}PID=$!"
   serve $2 & pids+=($!); eval "${2^^}PID=$!"
   wait_up "http://127.0.0.1:$(port $1)/health"; wait_up "http://127.0.0.1:$(port $2)/health"
@@ -102,7 +101,7 @@ restart() {  # $1 $2 as for start
   kill $OFFPID $ONPID
   for _ in $(seq 150); do kill -0 $OFFPID 2>/dev/null || kill -0 $ONPID 2>/dev/null || break; sleep 0.2; done
   kill -9 $OFFPID $ONPID 2>/dev/null || true
-  start "$@"; run $2 >/dev/null; run $1 >/dev/null
+  start "$@"; warm_up
 }
 start off on
 $G keys teams create bench $TEAMLIMITS --config on.yaml > /dev/null
@@ -141,8 +140,12 @@ together() {  # both sides at once; prints "rps_off cost_off rps_on cost_on"
   per_request "$(python3 -c "print(($b1 - $b0) / $HZ * 1e6)")" < "$WORK/on.wrk"
   echo
 }
+warm_up() {  # both sides at once (one alone, under callgrind: no sharing there)
+  if [ -n "${CALLGRIND:-}${ALTERNATE:-}" ]; then run on >/dev/null; run off >/dev/null
+  else together off on >/dev/null; fi
+}
 declare -A RPS CPU
-run on >/dev/null; run off >/dev/null   # warm up both
+warm_up
 if [ -n "${PROFILE:-}" ]; then
   mkdir -p "$PROFILE"
   for side in off on; do
