@@ -62,6 +62,7 @@ class Services:
             await ledger.start()
             stack.push_async_callback(ledger.aclose)
             keys = KeyRing(settings.auth, ledger.engine, registry, enabled=settings.auth_enabled)
+            stack.push_async_callback(keys.aclose)
             keys.announce(settings.server.host)
             limits = open_limiter(settings, LimitMetrics(registry))
             await limits.start()

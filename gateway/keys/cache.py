@@ -1,14 +1,18 @@
 """A bounded, time-limited memo of key lookups, so the hot path makes no database query.
 
 Found and not-found answers are both kept for ``ttl`` seconds (a flood of one wrong key
-costs one query per ttl), the longest loaded beyond ``size`` are forgotten, and
-concurrent misses for the same key share one load. While the database fails, an expired
-answer is served rather than locking out every key whose entry just aged.
+costs one query per RENEW * ttl), the longest loaded beyond ``size`` are forgotten, and
+concurrent misses for the same key share one load. An answer in the last fifth of its
+life is renewed in the background by the first caller to see it, while every caller is
+still answered from it: a key in steady use never waits for the database (before, each
+of its calls in flight waited for the query every ttl). While the database fails, an
+expired answer is served rather than locking out every key whose entry just aged.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import OrderedDict
@@ -20,12 +24,17 @@ log = logging.getLogger(__name__)
 
 V = TypeVar("V")
 
+RENEW = 0.8
+"""The share of an answer's life after which it is renewed in the background."""
+
 
 @dataclass(slots=True)
 class Entry(Generic[V]):
     value: V | None
     until: float
     """When it stops being fresh (a clock reading)."""
+    renew_at: float
+    """From then on, until ``until``, the first caller renews it in the background."""
 
 
 class LookupCache(Generic[V]):
@@ -42,23 +51,29 @@ class LookupCache(Generic[V]):
         self._clock = clock
         self._entries: OrderedDict[Hashable, Entry[V]] = OrderedDict()
         self._loading: dict[Hashable, asyncio.Future[V | None]] = {}
+        self._renewals: set[asyncio.Task[V | None]] = set()
 
     def __len__(self) -> int:
         return len(self._entries)
 
     def fresh(self, key: Hashable) -> Entry[V] | None:
-        """The entry while fresh, else None: the whole of a hit, with no await."""
+        """The entry while fresh and not due for renewal, else None: the whole of a hit,
+        with no await (past ``renew_at``, ``get`` renews it and still answers at once)."""
         entry = self._entries.get(key)
-        if entry is not None and self._clock() < entry.until:
+        if entry is not None and self._clock() < entry.renew_at:
             return entry
         return None
 
     async def get(self, key: Hashable, load: Callable[[], Awaitable[V | None]]) -> V | None:
-        """The cached answer while fresh, else what ``load`` finds now (None: not found)."""
-        entry = self.fresh(key)
-        if entry is not None:
-            return entry.value
+        """The cached answer while fresh (renewed in the background once it is due), else
+        what ``load`` finds now (None: not found)."""
         entry = self._entries.get(key)
+        now = self._clock()
+        if entry is not None and now < entry.until:
+            if now >= entry.renew_at and key not in self._loading:
+                entry.renew_at = entry.until  # one renewal; meanwhile callers get this
+                self._renew(key, load, entry)
+            return entry.value
         waiting = self._loading.get(key)
         if waiting is not None:
             try:
@@ -71,6 +86,27 @@ class LookupCache(Generic[V]):
 
     def clear(self) -> None:
         self._entries.clear()
+
+    async def aclose(self) -> None:
+        """Stop the renewals on their way (at shutdown: the database is going away)."""
+        for task in list(self._renewals):
+            task.cancel()
+        await asyncio.gather(*self._renewals, return_exceptions=True)
+
+    def _renew(
+        self, key: Hashable, load: Callable[[], Awaitable[V | None]], entry: Entry[V]
+    ) -> None:
+        task = asyncio.create_task(self._load(key, load, entry), name="key-cache-renewal")
+        self._renewals.add(task)
+        task.add_done_callback(self._renewed)
+
+    def _renewed(self, task: asyncio.Task[V | None]) -> None:
+        """A failed renewal leaves the answer as it was until it expires (then a caller
+        loads it, and waits, as on a miss)."""
+        self._renewals.discard(task)
+        with contextlib.suppress(asyncio.CancelledError):
+            if (exc := task.exception()) is not None:
+                log.warning("key lookup renewal failed: %s", type(exc).__name__)
 
     async def _load(
         self, key: Hashable, load: Callable[[], Awaitable[V | None]], stale: Entry[V] | None
@@ -100,7 +136,8 @@ class LookupCache(Generic[V]):
         not reorder them: that bookkeeping cost more than the rest of a hit, and an entry
         must be loaded again after ttl anyway)."""
         self._entries.pop(key, None)
-        self._entries[key] = Entry(value, self._clock() + self._ttl)
+        now = self._clock()
+        self._entries[key] = Entry(value, now + self._ttl, now + self._ttl * RENEW)
         while len(self._entries) > self._size:
             self._entries.popitem(last=False)
 

@@ -3,9 +3,11 @@
 Lookups go through a LookupCache indexed by the cache tag (a keyed BLAKE2b, see secret.py:
 the secret itself is never kept) of the whole Authorization header, so a cached call
 (``known``) costs one BLAKE2b and a dict lookup, and awaits and parses nothing; the HMAC
-that finds the key in the database is computed only on a miss. A disabled key stops
-working on every replica within auth.cache_ttl, and on the replica that disabled it at
-once. Expiry is checked on every call, so an expiring key ends on time even when cached.
+that finds the key in the database is computed only on a miss, or by the renewal the
+cache starts in the background near the end of an answer's life (then one call goes
+through ``authenticate``, and no call waits). A disabled key stops working on every
+replica within auth.cache_ttl, and on the replica that disabled it at once. Expiry is
+checked on every call, so an expiring key ends on time even when cached.
 """
 
 from __future__ import annotations
@@ -80,6 +82,9 @@ class KeyRing:
             log.warning("auth: off; every caller is anonymous (open on loopback %s)", host)
         else:
             log.warning("auth: OFF on %s, reachable beyond this host: anyone may call", host)
+
+    async def aclose(self) -> None:
+        await self._cache.aclose()
 
     async def month_spend(self) -> list[store.Spend]:
         """This month's (and today's) spend per key, from the ledger: seeds the budgets."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
@@ -102,6 +103,39 @@ async def test_a_disabled_key_stops_here_at_once_and_elsewhere_within_the_ttl(
     with pytest.raises(Unauthorized, match="disabled"):
         await there.authenticate(f"Bearer {secret}")
     assert (await here.disable_key("key_nonexistent")) is None
+
+
+async def test_a_key_in_use_is_renewed_in_the_background_within_the_ttl(
+    engine: AsyncEngine,
+) -> None:
+    """Near the end of the answer's life a call is answered from it at once while the
+    lookup runs again behind it; the renewed answer (here: disabled) lands before the old
+    one would have expired."""
+    here, there = ring(engine), ring(engine, ttl=1.0)
+    await here.create_team(TeamSpec(name="eng"))
+    key, secret = await here.create_key(KeySpec(team="eng"))
+    header = f"Bearer {secret}"
+    loaded = time.monotonic()
+    await there.authenticate(header)
+    await here.disable_key(key.id)
+    await asyncio.sleep(0.85 - (time.monotonic() - loaded))  # past 80% of the ttl
+    assert there.known(header) is None  # due: the pipeline goes on to authenticate...
+    principal = await asyncio.wait_for(there.authenticate(header), 0.05)
+    assert principal.key_id == key.id  # ...which answers from the old entry at once
+
+    def refused() -> bool:
+        try:
+            there.known(header)
+        except Unauthorized:
+            return True
+        return False
+
+    while not refused():
+        assert time.monotonic() - loaded < 1.0, "the renewal did not land within the ttl"
+        await asyncio.sleep(0.01)
+    with pytest.raises(Unauthorized, match="disabled"):
+        there.known(header)
+    await there.aclose()
 
 
 async def test_known_answers_from_the_cache_alone(engine: AsyncEngine) -> None:

@@ -111,3 +111,79 @@ async def test_a_waiter_loads_itself_when_the_loading_caller_goes_away() -> None
     assert src.loads == 2
     with pytest.raises(asyncio.CancelledError):
         await first
+
+
+class SlowSource(Source):
+    """Loads only when ``go`` is set: shows who waits for a load and who does not."""
+
+    def __init__(self, data: dict[str, str]) -> None:
+        super().__init__(data)
+        self.go = asyncio.Event()
+
+    async def load(self, key: str) -> str | None:
+        self.loads += 1
+        await self.go.wait()
+        if self.down:
+            raise OSError("database down")
+        return self.data.get(key)
+
+
+async def test_an_answer_due_for_renewal_is_renewed_in_the_background_and_nobody_waits() -> None:
+    clock, src = Clock(), SlowSource({"a": "A"})
+    cache: LookupCache[str] = LookupCache(5.0, 10, clock=clock)
+    src.go.set()
+    assert await cache.get("a", lambda: src.load("a")) == "A"
+    src.go.clear()
+    src.data["a"] = "A2"
+    clock.now = 4.5  # past 80% of the ttl: due, still valid
+    assert cache.fresh("a") is None  # the hot path hands it to get()...
+    for _ in range(5):  # ...which answers at once, though the load hangs
+        assert await asyncio.wait_for(cache.get("a", lambda: src.load("a")), 1) == "A"
+    assert src.loads == 2  # one renewal for all of them
+    src.go.set()
+    for _ in range(100):
+        await asyncio.sleep(0)
+        if (hit := cache.fresh("a")) is not None:
+            break
+    assert hit is not None
+    assert hit.value == "A2"
+    assert hit.until == 4.5 + 5.0
+
+
+async def test_a_failed_renewal_keeps_the_answer_until_it_expires(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock, src = Clock(), SlowSource({"a": "A"})
+    cache: LookupCache[str] = LookupCache(5.0, 10, clock=clock)
+    src.go.set()
+    await cache.get("a", lambda: src.load("a"))
+    clock.now, src.down = 4.5, True
+    assert await cache.get("a", lambda: src.load("a")) == "A"
+    for _ in range(10):  # the renewal runs and fails (logged; the answer stays)
+        await asyncio.sleep(0)
+    assert src.loads == 2
+    assert "key lookup renewal failed: OSError" in caplog.text
+    assert await cache.get("a", lambda: src.load("a")) == "A"  # no second renewal
+    assert src.loads == 2
+    clock.now, src.down = 5.1, False
+    assert await cache.get("a", lambda: src.load("a")) == "A"  # expired: loaded, waited for
+    assert src.loads == 3
+
+
+async def test_close_stops_a_renewal_on_its_way() -> None:
+    clock, src = Clock(), SlowSource({"a": "A"})
+    cache: LookupCache[str] = LookupCache(5.0, 10, clock=clock)
+    src.go.set()
+    await cache.get("a", lambda: src.load("a"))
+    src.go.clear()
+    clock.now = 4.5
+    assert await cache.get("a", lambda: src.load("a")) == "A"
+    await asyncio.sleep(0)  # the renewal now hangs in the load
+    assert src.loads == 2
+    src.data["a"] = "A2"
+    await asyncio.wait_for(cache.aclose(), 1)
+    src.go.set()
+    await asyncio.sleep(0.01)
+    hit = cache.fresh("a")  # the old answer, to the end of its life: never renewed
+    assert hit is not None
+    assert (hit.value, hit.until) == ("A", 5.0)
