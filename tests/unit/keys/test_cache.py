@@ -14,16 +14,20 @@ class Clock:
 
 
 class Source:
-    """Counts loads; answers from a dict, or fails while ``down``."""
+    """Counts loads; answers from a dict, or fails while ``down``; a load hangs while
+    ``go`` is clear (shows who waits for a load and who does not)."""
 
     def __init__(self, data: dict[str, str]) -> None:
         self.data = data
         self.loads = 0
         self.down = False
+        self.go = asyncio.Event()
+        self.go.set()
 
     async def load(self, key: str) -> str | None:
         self.loads += 1
         await asyncio.sleep(0.01)
+        await self.go.wait()
         if self.down:
             raise OSError("database down")
         return self.data.get(key)
@@ -113,25 +117,9 @@ async def test_a_waiter_loads_itself_when_the_loading_caller_goes_away() -> None
         await first
 
 
-class SlowSource(Source):
-    """Loads only when ``go`` is set: shows who waits for a load and who does not."""
-
-    def __init__(self, data: dict[str, str]) -> None:
-        super().__init__(data)
-        self.go = asyncio.Event()
-
-    async def load(self, key: str) -> str | None:
-        self.loads += 1
-        await self.go.wait()
-        if self.down:
-            raise OSError("database down")
-        return self.data.get(key)
-
-
 async def test_an_answer_due_for_renewal_is_renewed_in_the_background_and_nobody_waits() -> None:
-    clock, src = Clock(), SlowSource({"a": "A"})
+    clock, src = Clock(), Source({"a": "A"})
     cache: LookupCache[str] = LookupCache(5.0, 10, clock=clock)
-    src.go.set()
     assert await cache.get("a", lambda: src.load("a")) == "A"
     src.go.clear()
     src.data["a"] = "A2"
@@ -141,9 +129,10 @@ async def test_an_answer_due_for_renewal_is_renewed_in_the_background_and_nobody
         assert await asyncio.wait_for(cache.get("a", lambda: src.load("a")), 1) == "A"
     assert src.loads == 2  # one renewal for all of them
     src.go.set()
-    for _ in range(100):
-        await asyncio.sleep(0)
-        if (hit := cache.fresh("a")) is not None:
+    for _ in range(100):  # the old answer until the renewal replaces it
+        await asyncio.sleep(0.01)
+        hit = cache.fresh("a")
+        if hit is not None and hit.value != "A":
             break
     assert hit is not None
     assert hit.value == "A2"
@@ -153,14 +142,12 @@ async def test_an_answer_due_for_renewal_is_renewed_in_the_background_and_nobody
 async def test_a_failed_renewal_keeps_the_answer_until_it_expires(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    clock, src = Clock(), SlowSource({"a": "A"})
+    clock, src = Clock(), Source({"a": "A"})
     cache: LookupCache[str] = LookupCache(5.0, 10, clock=clock)
-    src.go.set()
     await cache.get("a", lambda: src.load("a"))
     clock.now, src.down = 4.5, True
     assert await cache.get("a", lambda: src.load("a")) == "A"
-    for _ in range(10):  # the renewal runs and fails (logged; the answer stays)
-        await asyncio.sleep(0)
+    await asyncio.sleep(0.05)  # the renewal runs and fails (logged; the answer stays)
     assert src.loads == 2
     assert "key lookup renewal failed: OSError" in caplog.text
     assert await cache.get("a", lambda: src.load("a")) == "A"  # no second renewal
@@ -171,9 +158,8 @@ async def test_a_failed_renewal_keeps_the_answer_until_it_expires(
 
 
 async def test_close_stops_a_renewal_on_its_way() -> None:
-    clock, src = Clock(), SlowSource({"a": "A"})
+    clock, src = Clock(), Source({"a": "A"})
     cache: LookupCache[str] = LookupCache(5.0, 10, clock=clock)
-    src.go.set()
     await cache.get("a", lambda: src.load("a"))
     src.go.clear()
     clock.now = 4.5
