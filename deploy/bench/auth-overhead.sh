@@ -140,8 +140,9 @@ together() {  # both sides at once; prints "rps_off cost_off rps_on cost_on"
   per_request "$(python3 -c "print(($b1 - $b0) / $HZ * 1e6)")" < "$WORK/on.wrk"
   echo
 }
+one_at_a_time=${CALLGRIND:-}${ALTERNATE:-}  # load one side at a time, not both at once
 warm_up() {  # both sides at once (one alone, under callgrind: no sharing there)
-  if [ -n "${CALLGRIND:-}${ALTERNATE:-}" ]; then run on >/dev/null; run off >/dev/null
+  if [ -n "$one_at_a_time" ]; then run on >/dev/null; run off >/dev/null
   else together off on >/dev/null; fi
 }
 declare -A RPS CPU
@@ -163,7 +164,6 @@ for i in $(seq $ROUNDS); do
   fi
   order="off on"; [ $((i % 2)) = 0 ] && order="on off"  # neither side always goes first
   declare -A R C
-  one_at_a_time=${CALLGRIND:-}${ALTERNATE:-}
   [ -z "$one_at_a_time" ] && read -r R[off] C[off] R[on] C[on] < <(together $order)
   for side in $order; do
     [ -n "$one_at_a_time" ] && read -r R[$side] C[$side] < <(run $side)

@@ -209,7 +209,7 @@ class RedisLimiter:
             self._due.append(shape)
             if len(self._due) == 1:
                 self._idle.clear()
-                self._wake_for_settles()
+                self._wake_by(self._last_settle + self._settings.settle_interval)
 
     async def seed(self, seeds: Iterable[Seed]) -> None:
         """Never fails the start: without Redis, budgets fail open like everything else."""
@@ -287,10 +287,8 @@ class RedisLimiter:
             self._calls_waiting = True
             self._wake.set()
         else:
-            by = now + self._period / 4
-            self._topup_by = min(self._topup_by, by)
-            if self._sleep_until > by:
-                self._wake.set()
+            self._topup_by = min(self._topup_by, now + self._period / 4)
+            self._wake_by(self._topup_by)
         return ask
 
     def _windows(self, shape: Shape) -> tuple[Window, ...]:
@@ -482,12 +480,12 @@ class RedisLimiter:
             self.metrics.dropped.inc()
             return
         self._idle.clear()
-        self._wake_for_settles()
+        self._wake_by(self._last_settle + self._settings.settle_interval)
 
-    def _wake_for_settles(self) -> None:
-        """Wake the sender only if it would sleep past the settles' time (never from
-        within the sender itself: it is awake)."""
-        if self._sleep_until > self._last_settle + self._settings.settle_interval:
+    def _wake_by(self, at: float) -> None:
+        """Wake the sender only if it would sleep past ``at`` (never from within the
+        sender itself: it is awake)."""
+        if self._sleep_until > at:
             self._wake.set()
 
     # -- names, TTLs and health ----------------------------------------------------------
