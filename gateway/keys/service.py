@@ -1,8 +1,8 @@
 """KeyRing: turns a bearer token into a Principal, and issues and revokes keys.
 
-Lookups go through a LookupCache indexed by the cache tag (a keyed BLAKE2b, see secret.py:
-the secret itself is never kept) of the whole Authorization header, so a cached call
-(``known``) costs one BLAKE2b and a dict lookup, and awaits and parses nothing; the HMAC
+Lookups go through a LookupCache indexed by the whole Authorization header (secret.py says
+why not by a hash of it), so a cached call (``known``) costs one dict lookup, and awaits
+and parses nothing; the HMAC
 that finds the key in the database is computed only on a miss, or by the renewal the
 cache starts in the background near the end of an answer's life (then one call goes
 through ``authenticate``, and no call waits). A disabled key stops working on every
@@ -24,7 +24,7 @@ from gateway.errors import BackendUnavailable, Unauthorized
 from gateway.flow import ANONYMOUS, Principal
 from gateway.keys import store
 from gateway.keys.cache import LookupCache
-from gateway.keys.secret import cache_tag, hash_secret, looks_like_key
+from gateway.keys.secret import hash_secret, looks_like_key
 from gateway.keys.specs import KeySpec, TeamSpec
 from gateway.keys.store import KeyInfo, TeamInfo
 from gateway.ledger.db import DB_ERRORS
@@ -98,7 +98,7 @@ class KeyRing:
             return ANONYMOUS
         if authorization is None:
             return None
-        hit = self._cache.fresh(cache_tag(authorization))  # the tag of the whole header
+        hit = self._cache.fresh(authorization)
         return self._admit(hit.value) if hit is not None else None
 
     async def authenticate(self, authorization: str | None) -> Principal:
@@ -112,7 +112,7 @@ class KeyRing:
         if not looks_like_key(token):
             raise self._refuse("invalid", "Incorrect API key provided.")
         assert authorization is not None
-        return self._admit(await self._lookup(token, cache_tag(authorization)))
+        return self._admit(await self._lookup(token, authorization))
 
     async def create_team(self, spec: TeamSpec) -> TeamInfo:
         return await store.create_team(self._engine, spec, datetime.now(UTC))
@@ -132,10 +132,10 @@ class KeyRing:
         self._cache.clear()
         return key
 
-    async def _lookup(self, token: str, tag: bytes) -> Grant | None:
-        """A cache miss: find the key by its stored hash (one query per tag and ttl)."""
+    async def _lookup(self, token: str, header: str) -> Grant | None:
+        """A cache miss: find the key by its stored hash (one query per header and ttl)."""
         try:
-            return await self._cache.get(tag, lambda: self._find(token))
+            return await self._cache.get(header, lambda: self._find(token))
         except DB_ERRORS as exc:
             raise BackendUnavailable("The key store is unavailable; try again shortly.") from exc
 

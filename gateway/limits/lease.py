@@ -113,9 +113,17 @@ class SpendView:
     read_at: float = -math.inf
     own: int = 0
     """Every unit of spend this replica has settled to the counter."""
+    limit: int = 0
+    """The budget on the counter (set by the newest plan that reads it)."""
+    spent: bool = False
+    """``value() >= limit``, kept current as they change: the one thing a call reads (a
+    flag on one object, where adding up three big ints touched four)."""
 
     def value(self) -> int:
         return self.base + self.own - self.mark
+
+    def judge(self) -> None:
+        self.spent = self.value() >= self.limit
 
 
 @dataclass(slots=True)
@@ -129,8 +137,8 @@ class Shape:
     """Per budget: the key of the counter it reads, itself, and the counter's view."""
     tpm: tuple[tuple[str, Lease], ...]
     """The token buckets' keys and leases."""
-    spend: tuple[tuple[SpendView, int], ...]
-    """The budgets' views and limits, as the hot path reads them."""
+    spend: tuple[SpendView, ...]
+    """The budgets' views, as the hot path reads them."""
     spend_keys: tuple[str, ...]
     """Every counter the call's spend goes to (those with a budget have a view in
     ``budgets``, where this replica's own spend is counted)."""

@@ -155,8 +155,8 @@ class RedisLimiter:
             return ALLOW
         shape = self._shape(plan)
         if now < shape.until and shape.calls > 0 and shape.tokens >= tokens:
-            for view, limit in shape.spend:
-                if view.base + view.own - view.mark >= limit:  # view.value(), inlined
+            for view in shape.spend:
+                if view.spent:
                     break
             else:
                 shape.calls -= 1
@@ -199,9 +199,10 @@ class RedisLimiter:
                     lease.due += lease.reconcile(tokens, now)
         if units:
             shape.units_due += units
-            for view, limit in shape.spend:
+            for view in shape.spend:
                 view.own += units
-                if view.base + view.own - view.mark >= limit:  # view.value(), inlined
+                if view.base + view.own - view.mark >= view.limit:  # judge(), inlined
+                    view.spent = True
                     self._urgent = True  # a spent budget reaches the others now
                     self._wake.set()
         if not shape.due:
@@ -408,6 +409,7 @@ class RedisLimiter:
             lease.granted(granted, remaining, reset / 1e6, now, self._period)
         for j, (_, _, view) in enumerate(ask.shape.budgets):
             view.base, view.mark, view.read_at = nums[3 + 3 * n + j], marks[j], now
+            view.judge()
         if ask.done is not None and not ask.done.done():
             ask.done.set_result(nums[:3])
 
@@ -524,12 +526,15 @@ class RedisLimiter:
             for b in plan.budgets
             for key in (self._counter(plan.tag, b.counter),)
         )  # only counters with a budget have a view: the others are only ever written
+        for _, b, view in budgets:
+            view.limit = b.limit
+            view.judge()
         return Shape(
             plan=plan,
             buckets=buckets,
             budgets=budgets,
             tpm=tuple((key, lease) for key, _, tokens, lease in buckets if tokens),
-            spend=tuple((view, b.limit) for _, b, view in budgets),
+            spend=tuple(view for _, _, view in budgets),
             spend_keys=spend_keys,
             period_ids=tuple(c.period_id for c in plan.counters),
             grant_keys=[key for key, *_ in buckets] + [key for key, *_ in budgets],
