@@ -10,6 +10,8 @@
 # swings from one 4-second run to the next, its per-round ratios ranged from -31% to +30%).
 # AA=1 turns auth off on both sides: what the method reads when there is no difference;
 # AA=keyed turns it on on both (one key, its leases shared by the two gateways).
+# PYTHONPATH_OFF / PYTHONPATH_ON run that side from another checkout (a git worktree): with
+# AA=keyed, old code against new on the same work, measured the same paired way.
 # COMPARE=1 also runs `gateway bench compare` both ways (a Python client: about 400 req/s
 # per target, so there it measures the client more than the gateways).
 # PROFILE=DIR first runs each side once under py-spy (400 Hz, --nonblocking) and writes
@@ -29,7 +31,8 @@
 # on a quiet one, where CPU time per request drifts by 10-20% from one run to the next.
 # At callgrind's ~100 req/s every interval of the gateway is stretched by SCALE (default
 # 30) so that a Redis round, a ledger batch and a key reload serve as many calls as at
-# full speed.
+# full speed. CALLGRIND_ARGS adds valgrind options (--cache-sim=yes: simulated cache misses
+# per function, which callgrind_annotate turns into a cycle estimate).
 set -e
 G=${GATEWAY:-gateway}
 SIMARGS=${SIMARGS:---instant}
@@ -83,8 +86,10 @@ YAML
 done
 wait_up() { for _ in $(seq 600); do curl -fs "$1" >/dev/null && return; sleep 0.2; done; echo "no answer: $1" >&2; exit 1; }
 serve() {  # $1: off or on
+  local path=PYTHONPATH_${1^^}
+  [ -n "${!path:-}" ] && export PYTHONPATH="${!path}"
   exec $GATEWAYS ${CALLGRIND:+valgrind --tool=callgrind --instr-atstart=no --trace-children=yes \
-    --callgrind-out-file="$WORK/$1.cg"} $G serve --config $1.yaml --port "$(port $1)" >> $1.log 2>&1
+    ${CALLGRIND_ARGS:-} --callgrind-out-file="$WORK/$1.cg"} $G serve --config $1.yaml --port "$(port $1)" >> $1.log 2>&1
 }
 port() { [ $1 = off ] && echo 18711 || echo 18712; }
 # Two starts of the same code differ by 1-2 points (A/A runs), so both restart every
