@@ -2,12 +2,11 @@
 
 Lookups go through a LookupCache indexed by the whole Authorization header (secret.py says
 why not by a hash of it), so a cached call (``known``) costs one dict lookup, and awaits
-and parses nothing; the HMAC
-that finds the key in the database is computed only on a miss, or by the renewal the
-cache starts in the background near the end of an answer's life (then one call goes
-through ``authenticate``, and no call waits). A disabled key stops working on every
-replica within auth.cache_ttl, and on the replica that disabled it at once. Expiry is
-checked on every call, so an expiring key ends on time even when cached.
+and parses nothing; the HMAC that finds the key in the database is computed only on a
+miss, or by the renewal the cache starts in the background near the end of an answer's
+life (then one call goes through ``authenticate``, and no call waits). A disabled key
+stops working on every replica within auth.cache_ttl, and on the replica that disabled it
+at once. Expiry is checked on every call, so an expiring key ends on time even when cached.
 """
 
 from __future__ import annotations

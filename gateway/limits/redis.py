@@ -243,7 +243,7 @@ class RedisLimiter:
             age = now - view.read_at
             if age >= self._period:
                 return None
-            if view.value() >= budget.limit:
+            if view.spent:
                 return Verdict(False, self._windows(shape), budget, None)
             stale = stale or age >= self._period / 2
         for _, _, tokens_kind, lease in shape.buckets:
