@@ -209,8 +209,7 @@ class RedisLimiter:
             shape.due = True
             self._due.append(shape)
             if len(self._due) == 1:
-                self._idle.clear()
-                self._wake_by(self._last_settle + self._settings.settle_interval)
+                self._settle_soon()
 
     async def seed(self, seeds: Iterable[Seed]) -> None:
         """Never fails the start: without Redis, budgets fail open like everything else."""
@@ -481,6 +480,10 @@ class RedisLimiter:
         else:
             self.metrics.dropped.inc()
             return
+        self._settle_soon()
+
+    def _settle_soon(self) -> None:
+        """Settles wait: not idle, and the sender goes by the settle interval."""
         self._idle.clear()
         self._wake_by(self._last_settle + self._settings.settle_interval)
 
