@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import gc
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
@@ -65,7 +66,22 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 
 
 async def _validation_error(request: Request, exc: Exception) -> Response:
-    return error_response(InvalidRequest(f"Invalid request: {exc}"))
+    """Name each bad field and what is wrong with it; never str(exc), which carries the
+    handler's source file and line, and echoes the input."""
+    assert isinstance(exc, RequestValidationError)
+    problems = [(_field(e), e["msg"]) for e in exc.errors()]
+    message = "; ".join(f"{field}: {msg}" for field, msg in problems) or "malformed request"
+    param = problems[0][0] if problems else None
+    return error_response(InvalidRequest(f"Invalid request: {message}", param=param))
+
+
+def _field(error: Mapping[str, Any]) -> str:
+    """('body', 'limits', 'rpm') -> 'limits.rpm'; the body itself (not JSON, not an
+    object: its loc ends in a character position, if anything) -> 'body'."""
+    loc = error.get("loc") or ("body",)
+    if error.get("type") == "json_invalid" or len(loc) == 1:
+        return str(loc[0])
+    return ".".join(map(str, loc[1:]))
 
 
 async def _unexpected_error(request: Request, exc: Exception) -> Response:

@@ -117,6 +117,23 @@ def test_the_admin_api_refuses_ordinary_keys(gateway: str) -> None:
         assert a.post("/admin/keys/key_missing/disable").status_code == 404
 
 
+def test_bad_admin_input_names_the_field_and_shows_no_internals(gateway: str) -> None:
+    with admin(gateway) as a:
+        typed = a.post("/admin/keys", json={"team": "ops", "rpm": "lots"})
+        broken = a.post(
+            "/admin/keys", content=b'{"team": ', headers={"content-type": "application/json"}
+        )
+        query = a.get("/admin/reports/costs", params={"format": "xml"})
+    for resp, param in ((typed, "rpm"), (broken, "body"), (query, "format")):
+        assert resp.status_code == 400, resp.text
+        error = resp.json()["error"]
+        assert (error["type"], error["param"]) == ("invalid_request_error", param)
+        assert error["message"].startswith(f"Invalid request: {param}: ")
+        assert "File" not in error["message"]
+        assert ".py" not in error["message"]
+    assert "lots" not in typed.json()["error"]["message"]  # the input is not echoed
+
+
 def test_served_calls_carry_openais_ratelimit_headers(gateway: str) -> None:
     _, secret = issue_key(gateway, "headers", rpm=100, tpm=100_000)
     with client(gateway, secret) as c:
