@@ -118,11 +118,10 @@ class Cost:
 
 
 class Quota(NamedTuple):
-    """What stages.limits charged the call up front: set by stages.limits (a tuple, built
-    in C on every limited call)."""
+    """What a limited call was charged to, and the headers its response carries: set by
+    stages.limits. Shared: one per plan (and per verdict with the headers on), so a call
+    allocates nothing here; its own reservation is Call.reserved_tokens."""
 
-    reserved_tokens: int
-    """Prompt estimate plus max_tokens; the difference to the actual usage is settled later."""
     headers: tuple[tuple[bytes, bytes], ...]
     """The x-ratelimit-* headers for the response, raw (shared by calls: never changed)."""
     plan: Plan
@@ -143,6 +142,8 @@ class Call:
     request: Request | None = None  # stages.parse
     prefix: PrefixKey | None = None  # stages.prefix
     quota: Quota | None = None  # stages.limits
+    reserved_tokens: int = 0  # stages.limits
+    """Prompt estimate plus max_tokens; the difference to the actual usage is settled later."""
     route: Route | None = None  # stages.routing
     dispatched_at: float | None = None  # stages.forward
     first_byte_at: float | None = None  # stages.forward

@@ -30,7 +30,6 @@ def test_a_plan_has_a_bucket_per_limit_and_a_budget_per_budget() -> None:
         Bucket("team", "requests", "eng", 100),
     )
     assert [b.cost(123) for b in plan.buckets] == [1, 123, 1]
-    assert limits.plan_for(p, DAY) is plan  # built once per principal and day
     assert [(b.counter, b.limit) for b in plan.budgets] == [
         (Counter("key", "key_1", "d20261129"), 15_000_000_000),
         (Counter("team", "eng", "m202611"), 200_000_000_000),
@@ -142,6 +141,22 @@ def _call(p: Principal) -> Call:
     call.principal = p
     call.request = Request(endpoint="chat", model="m", body={}, max_tokens=5)
     return call
+
+
+async def test_a_principals_calls_share_one_plan_and_quota_per_day() -> None:
+    limiter, p = _limiter(), principal(rpm=10)
+    first, second = _call(p), _call(p)
+    await admit(first, 40, limiter, headers=False)
+    await admit(second, 400, limiter, headers=False)
+    assert first.quota is not None
+    assert second.quota is first.quota  # nothing built per call...
+    assert (first.reserved_tokens, second.reserved_tokens) == (15, 105)  # ...but this
+    tomorrow = _call(p)
+    tomorrow.received_wall = first.received_wall + 86400
+    await admit(tomorrow, 40, limiter, headers=False)
+    assert tomorrow.quota is not None
+    assert tomorrow.quota.plan is not first.quota.plan  # a new day, a new plan
+    assert tomorrow.quota.plan == limits.plan_for(p, int(tomorrow.received_wall // 86400))
 
 
 @pytest.mark.parametrize("headers", [True, False])
