@@ -61,8 +61,8 @@ _planned: dict[Principal, Planned] = {}
 """Principal -> its plan on the UTC day it was last used. A dict lookup, where an
 lru_cache over (principal, day) built an argument tuple on every call, and the call's own
 Quota was two tuples more: three new objects a call for the garbage collector, whose young
-collections ran 6-10% more often on the keyed side (a paired run without them: +0.5% and
-+1.1% throughput, -0.4% and -0.6% CPU a call)."""
+collections ran 6-10% more often on the keyed side (paired runs without them: +0.5%,
++1.1% and +1.4% throughput, -0.4%, -0.6% and -1.5% CPU a call)."""
 
 
 def admit(
