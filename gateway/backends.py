@@ -2,8 +2,14 @@
 
 Load has two sources: calls in flight, counted here as the gateway dispatches them, and
 what each vLLM engine says of itself (`vllm:num_requests_waiting`,
-`vllm:kv_cache_usage_perc`), scraped from its /metrics every second or so. Health comes
-from periodic `GET /health` probes and from connection failures seen while forwarding.
+`vllm:kv_cache_usage_perc`), scraped from its /metrics every second or so.
+
+Health is a circuit breaker per backend (outlier ejection): a refused connection, a health
+probe that fails or goes unanswered, or ``failure_threshold`` failed calls in a row
+(reset, timed out, 5xx) eject the backend at once, and the calls still waiting on it for
+their first byte are cut short, to be retried elsewhere. After ``ejection_time`` a good
+probe lets it back on probation (half-open): its first success closes the circuit, its
+first failure ejects it again.
 """
 
 from __future__ import annotations
@@ -11,7 +17,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from dataclasses import dataclass, field
+from typing import Literal
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -23,6 +31,10 @@ from gateway.stages.routing import Candidate
 
 log = logging.getLogger(__name__)
 
+Circuit = Literal["closed", "open", "half_open"]
+CIRCUIT_VALUE: dict[Circuit, int] = {"closed": 0, "open": 1, "half_open": 2}
+"""The value of gateway_backend_circuit_state for each state."""
+
 
 @dataclass(slots=True, eq=False)
 class Backend:
@@ -32,6 +44,14 @@ class Backend:
     api_key: str | None = None
     weight: float = 1.0
     healthy: bool = True
+    """Routable: the circuit is closed or half-open."""
+    circuit: Circuit = "closed"
+    failures: int = 0
+    """Failed calls in a row (the circuit breaker's count)."""
+    ejected_until: float = 0.0
+    """Monotonic time before which an ejected backend stays out whatever its probes say."""
+    waits: set[asyncio.Timeout] = field(default_factory=set)
+    """Calls waiting for their answer to begin: an ejection expires them at once."""
     in_flight: int = 0
     waiting: int = 0
     """vLLM's own queue (`vllm:num_requests_waiting`), from the last scrape."""
@@ -89,6 +109,7 @@ class BackendPool:
         for backend in self.backends.values():
             metrics.watch_in_flight(backend.name, lambda b=backend: b.in_flight)
             metrics.healthy.labels(backend.name).set(int(backend.healthy))
+            metrics.circuit.labels(backend.name).set(CIRCUIT_VALUE[backend.circuit])
         self._tasks: list[asyncio.Task[None]] = []
         self._session: aiohttp.ClientSession | None = None
 
@@ -149,17 +170,45 @@ class BackendPool:
                 ok = resp.status == 200
         except (aiohttp.ClientError, TimeoutError):
             ok = False
-        if ok != backend.healthy:
-            log.warning("backend %s is now %s", backend.name, "healthy" if ok else "unhealthy")
-        backend.healthy = ok
-        self._metrics.healthy.labels(backend.name).set(int(ok))
+        if not ok:
+            self.eject(backend, "probe")
+        elif backend.circuit == "open" and time.monotonic() >= backend.ejected_until:
+            log.warning("backend %s answers its probe again: back on probation", backend.name)
+            backend.failures = self._settings.failure_threshold - 1
+            self._set(backend, "half_open")
 
-    def mark_unreachable(self, backend: Backend) -> None:
-        """A connection failure takes the backend out until the next good probe."""
-        if backend.healthy:
-            log.warning("backend %s unreachable: marked unhealthy", backend.name)
-        backend.healthy = False
-        self._metrics.healthy.labels(backend.name).set(0)
+    def succeeded(self, backend: Backend) -> None:
+        """A call got its answer from the backend: its failure count starts over."""
+        if backend.failures:
+            backend.failures = 0
+            if backend.circuit == "half_open":
+                log.warning("backend %s passed its probation: healthy", backend.name)
+                self._set(backend, "closed")
+
+    def failed(self, backend: Backend, at_once: bool = False) -> None:
+        """A call failed on the backend; enough in a row (or one ``at_once``) eject it."""
+        backend.failures += 1
+        if at_once or backend.failures >= self._settings.failure_threshold:
+            self.eject(backend, "unreachable" if at_once else "failures")
+
+    def eject(self, backend: Backend, reason: str) -> None:
+        """Take the backend out for ``ejection_time`` and cut the waits of its calls."""
+        backend.ejected_until = time.monotonic() + self._settings.ejection_time
+        if backend.circuit == "open":
+            return
+        log.warning("backend %s ejected (%s)", backend.name, reason)
+        self._set(backend, "open")
+        self._metrics.ejections.labels(backend.name, reason).inc()
+        now = asyncio.get_running_loop().time()
+        for wait in list(backend.waits):
+            if not wait.expired():
+                wait.reschedule(now)
+
+    def _set(self, backend: Backend, circuit: Circuit) -> None:
+        backend.circuit = circuit
+        backend.healthy = circuit != "open"
+        self._metrics.healthy.labels(backend.name).set(int(backend.healthy))
+        self._metrics.circuit.labels(backend.name).set(CIRCUIT_VALUE[circuit])
 
     async def scrape_load(self) -> None:
         await asyncio.gather(*(self._scrape(b) for b in self.backends.values() if b.healthy))

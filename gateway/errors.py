@@ -115,6 +115,15 @@ class GatewayTimeout(GatewayError):
     code = "backend_timeout"
 
 
+class ClientClosedRequest(GatewayError):
+    """The client disconnected before its answer began (nginx's 499): nobody reads this
+    error; it labels the call in the ledger, the metrics and the access log."""
+
+    status = 499
+    type = "client_closed_request"
+    code = "client_closed_request"
+
+
 class UpstreamError(GatewayError):
     """A backend's own error response, passed through with its status and body."""
 

@@ -155,7 +155,8 @@ class GatewayMetrics:
         )
         self.retries = Counter(
             "gateway_upstream_retries_total",
-            "Calls re-sent to another backend after a connection failure.",
+            "Calls re-sent to another backend after theirs failed before the client was sent "
+            "anything (refused, reset, timed out, 5xx, or ejected while waiting).",
             ["model"],
             registry=registry,
         )
@@ -175,10 +176,26 @@ class GatewayMetrics:
         )
         self.healthy = Gauge(
             "gateway_backend_healthy",
-            "1 when the backend passes its health check.",
+            "1 when the backend takes calls: its circuit is closed or half-open.",
             ["backend"],
             registry=registry,
             multiprocess_mode="livemin",
+        )
+        self.circuit = Gauge(
+            "gateway_backend_circuit_state",
+            "The backend's circuit breaker: 0 closed, 1 open (ejected), 2 half-open "
+            "(back on probation after its ejection).",
+            ["backend"],
+            registry=registry,
+            multiprocess_mode="livemax",
+        )
+        self.ejections = Counter(
+            "gateway_backend_ejections_total",
+            "Backends taken out by the circuit breaker, by cause: unreachable (refused "
+            "connection), probe (health probe failed or unanswered), failures (failed calls "
+            "in a row).",
+            ["backend", "reason"],
+            registry=registry,
         )
         self.index_size = Gauge(
             "gateway_prefix_index_handles",

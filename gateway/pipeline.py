@@ -10,31 +10,36 @@ import logging
 import time
 from datetime import UTC, datetime
 
-import aiohttp
 import orjson
 from starlette.responses import Response
+from starlette.types import Receive
 
 from gateway import batching
 from gateway.backends import Backend, Model
+from gateway.batching import Answer
 from gateway.errors import GatewayError
 from gateway.flow import Call, Endpoint, Route
 from gateway.index import feedback
 from gateway.ledger.models import to_usd
 from gateway.services import Services
 from gateway.stages import auth, forward, limits, parse, usage
-from gateway.stages.forward import EventScanner, StreamRelay, Unreachable
+from gateway.stages.forward import ClientWatch, EventScanner, StreamRelay, Unreachable
 
 access_log = logging.getLogger("gateway.access")
 
-MAX_ATTEMPTS = 2
-"""A backend that refuses the connection costs one retry on another backend."""
 OVERHEAD_HEADER = "x-gateway-overhead-ms"
 ENDPOINTS = {path: endpoint for endpoint, path in forward.UPSTREAM_PATH.items()}
 """Endpoint by path, to label a call whose body never parsed."""
 
 
-async def handle(call: Call, body: bytes, endpoint: Endpoint, svc: Services) -> Response:
-    """Take a call from its raw body to the response the client gets."""
+async def handle(
+    call: Call, body: bytes, endpoint: Endpoint, svc: Services, receive: Receive
+) -> Response:
+    """Take a call from its raw body to the response the client gets.
+
+    ``receive`` is the client connection's ASGI receive: while the call waits for its
+    answer to begin, a client that disconnects cuts the wait (ClientWatch).
+    """
     try:
         call.principal = auth.known(call.headers, svc.keys) or await auth.authenticate(
             call.headers, svc.keys
@@ -48,9 +53,10 @@ async def handle(call: Call, body: bytes, endpoint: Endpoint, svc: Services) -> 
         if waiting is not None:  # the shared store must answer (most calls need not wait)
             await waiting
         payload = forward.upstream_body(call.request, model.upstream_name, body)
-        backend, upstream = await svc.batching.submit(
-            call, model, payload, lambda c, body, pin: dispatch(c, model, body, svc, pin)
-        )
+        async with ClientWatch(call, receive):
+            backend, upstream = await svc.batching.submit(
+                call, model, payload, lambda c, body, pin: dispatch(c, model, body, svc, pin)
+            )
         headers = {
             "x-request-id": call.id,
             "x-gateway-backend": backend.name,
@@ -83,32 +89,40 @@ def with_quota(call: Call, response: Response) -> Response:
 
 async def dispatch(
     call: Call, model: Model, payload: bytes, svc: Services, pin: str | None = None
-) -> tuple[Backend, aiohttp.ClientResponse]:
-    """Route and send; a refused connection is retried once on another backend.
+) -> tuple[Backend, Answer]:
+    """Route and send until the call has something for its client (Upstream.send).
 
-    ``pin`` names the only backend to consider (the batch stage's held calls).
+    Until then nothing was sent, so a backend that fails (refused, reset, silent past its
+    timeout, 5xx, ejected meanwhile) costs a retry on another healthy one, at most
+    ``upstream.retries`` times; every failure counts toward its circuit breaker. ``pin``
+    names the only backend for the first attempt (the batch stage's held calls).
     """
-    tried = {b.name for b in model.backends if b.name != pin} if pin else set()
-    for attempt in range(MAX_ATTEMPTS):
-        call.route = await route(call, model, svc, tried)
+    tried: set[str] = set()
+    exclude = {b.name for b in model.backends if b.name != pin} if pin else tried
+    attempts = svc.settings.upstream.retries + 1
+    for attempt in range(attempts):
+        call.route = await route(call, model, svc, exclude)
         backend = svc.backends.backends[call.route.backend]
         call.dispatched_at = time.perf_counter()
         occupy(backend, svc, 1)
         try:
-            upstream = await svc.upstream.send(call, backend, payload)
-        except GatewayError as exc:
+            answer = await svc.upstream.send(call, backend, payload)
+        except BaseException as exc:
             occupy(backend, svc, -1)
             call.dispatched_at = None
-            if not isinstance(exc, Unreachable):
+            if not forward.retryable(exc):
                 raise
-            svc.backends.mark_unreachable(backend)
+            svc.backends.failed(backend, at_once=isinstance(exc, Unreachable))
             tried.add(backend.name)
-            if attempt + 1 == MAX_ATTEMPTS or len(tried) == len(model.backends):
+            exclude = tried
+            others = any(b.healthy and b.name not in tried for b in model.backends)
+            if attempt + 1 == attempts or not others:
                 raise
             svc.metrics.retries.labels(model.name).inc()
             continue
+        svc.backends.succeeded(backend)
         remember(call, svc)
-        return backend, upstream
+        return backend, answer
     raise AssertionError("unreachable")
 
 
@@ -146,13 +160,18 @@ def finish(call: Call, svc: Services, scanner: EventScanner | None = None) -> fl
     if call.route is not None and call.dispatched_at is not None:
         own = batching.owns_upstream(call)
         if own:
-            occupy(svc.backends.backends[call.route.backend], svc, -1)
+            backend = svc.backends.backends[call.route.backend]
+            occupy(backend, svc, -1)
+            if call.status >= 500:  # a stream that broke off after it began
+                svc.backends.failed(backend)
         if scanner is not None and (call.usage is None or (own and call.prefix is not None)):
             call.reply = usage.delivered_text(scanner.delivered)
         if call.usage is None:
             call.usage = estimate_usage(call, svc)
         if own:
             learn(call, svc)
+    elif call.disconnected and call.route is not None:
+        call.usage = estimate_usage(call, svc)  # left while its prompt was upstream
     svc.ledger.record(call)
     limits.settle(call, svc.limits)
     spent = overhead(call)

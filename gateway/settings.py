@@ -40,11 +40,34 @@ class ServerSettings(Section):
 
 class UpstreamSettings(Section):
     connect_timeout: float = 5.0
-    read_timeout: float = 600.0
-    """Longest silence tolerated from a backend before the call fails with 504."""
+    first_byte_timeout: float = Field(60.0, gt=0)
+    """Longest wait from sending a stream to its first event: the backend's queue plus the
+    prompt's prefill. 60 s, not less: a long prompt on a busy GPU (a 100k-token document on
+    a large model behind a full queue) legitimately takes tens of seconds. A stream over
+    it is cut and retried on another backend."""
+    idle_timeout: float = Field(30.0, gt=0)
+    """Longest silence between two chunks of a stream once it has begun. A decoding
+    engine sends a token every few tens of ms; 30 s leaves room for a preempted sequence
+    to be recomputed. The stream then ends with an error event (its client has bytes)."""
+    read_timeout: float = Field(600.0, gt=0)
+    """Longest wait for a non-streamed answer, which vLLM sends only once it is whole:
+    silence alone cannot tell a long generation from a hung backend, so this bound is
+    generous and a hung backend is found by the circuit breaker instead, whose ejection
+    moves the calls waiting on it to another backend at once."""
+    retries: int = Field(1, ge=0)
+    """Calls that have sent nothing to their client yet are retried on another backend this
+    many times when theirs fails (refused, reset, silent past its timeout, 5xx)."""
+    failure_threshold: int = Field(3, ge=1)
+    """Consecutive failed calls (reset, timed out, 5xx) that eject a backend at once.
+    A refused connection or a failed health probe ejects it at the first."""
+    ejection_time: float = Field(5.0, ge=0)
+    """Seconds an ejected backend stays out; then a good health probe lets it back on
+    probation, where its first failure ejects it again."""
     max_connections: int = 1000
-    health_interval: float = 2.0
-    health_timeout: float = 2.0
+    health_interval: float = 0.5
+    health_timeout: float = 1.0
+    """A probe unanswered this long ejects the backend: with the interval, a hung backend
+    is taken out within 1.5 s."""
     metrics_interval: float = 1.0
     """How often each backend's /metrics is scraped for its queue and KV-cache load."""
 

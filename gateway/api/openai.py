@@ -78,7 +78,7 @@ class ProxyEndpoints:
             body = await read_body(receive, headers, svc.settings.server.max_body_bytes)
             if body is None:
                 return  # the client left before sending its whole body
-            response = await pipeline.handle(call, body, endpoint, svc)
+            response = await pipeline.handle(call, body, endpoint, svc, receive)
         except GatewayError as exc:
             exc.headers["x-request-id"] = call.id
             response = error_response(exc)

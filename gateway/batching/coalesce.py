@@ -72,15 +72,15 @@ class Coalescer:
             sent = await asyncio.shield(flight)
             if sent.error is not None:
                 raise own_copy(sent.error)
-            assert sent.backend is not None
             answer = sent.whole or (sent.stream.listen() if sent.stream else None)
             if answer is not None:
+                assert sent.backend is not None
                 call.route = replace(sent.route) if sent.route else None
                 call.dispatched_at = time.perf_counter()
                 call.served_by = "coalesced"
                 return sent.backend, answer
             if self._flights.get(key) is flight:
-                del self._flights[key]  # abandoned by all its listeners: start afresh
+                del self._flights[key]  # abandoned by its leader or listeners: start afresh
         return await self._lead(call, key, payload, forward)
 
     async def _lead(
@@ -95,6 +95,11 @@ class Coalescer:
                 raw = await read_body(upstream, backend)  # type: ignore[arg-type]
         except GatewayError as exc:
             self._land(key, flight, Sent(error=exc))
+            raise
+        except asyncio.CancelledError:
+            # The leader's client left: the followers still want the answer, and the next
+            # of them leads anew.
+            self._land(key, flight, Sent())
             raise
         except BaseException:
             self._land(key, flight, Sent(error=BadGateway("the shared upstream call failed")))

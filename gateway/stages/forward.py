@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
+from types import TracebackType
 from typing import Any
 
 import aiohttp
@@ -20,7 +21,14 @@ from starlette.types import Receive, Scope, Send
 from yarl import URL
 
 from gateway.backends import Backend
-from gateway.errors import BackendUnavailable, BadGateway, GatewayTimeout, UpstreamError
+from gateway.batching.answers import Answer, FixedAnswer
+from gateway.errors import (
+    BackendUnavailable,
+    BadGateway,
+    ClientClosedRequest,
+    GatewayTimeout,
+    UpstreamError,
+)
 from gateway.flow import Call, Request
 from gateway.metrics import GatewayMetrics
 from gateway.settings import UpstreamSettings
@@ -36,7 +44,18 @@ PASSED_HEADERS = ("x-backend-instance",)
 
 
 class Unreachable(BackendUnavailable):
-    """The backend refused or dropped the connection before answering: safe to retry."""
+    """The backend refused the connection: it is down, and the call is safe to retry."""
+
+
+def retryable(exc: BaseException) -> bool:
+    """A failure of the backend rather than of the call: another backend may answer it.
+
+    A backend's 4xx is the call's own fault and would fail anywhere; a client that left
+    (cancellation) wants no answer at all.
+    """
+    if isinstance(exc, UpstreamError):
+        return exc.status >= 500
+    return isinstance(exc, Unreachable | BadGateway | GatewayTimeout)
 
 
 class Upstream:
@@ -58,9 +77,9 @@ class Upstream:
             connector=TimedConnector(self._metrics, self._names, **limits)
             if self._metrics
             else aiohttp.TCPConnector(**limits),
-            timeout=aiohttp.ClientTimeout(
-                total=None, sock_connect=s.connect_timeout, sock_read=s.read_timeout
-            ),
+            # No socket read timeout of aiohttp's own: the wait for the answer to begin is
+            # bounded in ``send``, and a stream's idle time once it has begun in ``_begin``.
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=s.connect_timeout),
             auto_decompress=False,
             skip_auto_headers=("User-Agent", "Accept-Encoding"),
         )
@@ -69,8 +88,35 @@ class Upstream:
         if self._session is not None:
             await self._session.close()
 
-    async def send(self, call: Call, backend: Backend, body: bytes) -> aiohttp.ClientResponse:
-        """POST the body; a backend error status raises UpstreamError with its own body."""
+    async def send(self, call: Call, backend: Backend, body: bytes) -> Answer:
+        """POST the body and wait until there is something for the client: a stream's
+        first chunk, a non-streamed answer whole. Until then a failure is safe to retry.
+
+        The wait is bounded by ``first_byte_timeout`` (streams) or ``read_timeout``, and
+        cut short at once if the backend is ejected meanwhile (``Backend.waits``). A
+        backend error status raises UpstreamError with its own body.
+        """
+        assert call.request is not None
+        stream = call.request.stream
+        s = self._settings
+        try:
+            async with asyncio.timeout(s.first_byte_timeout if stream else s.read_timeout) as wait:
+                backend.waits.add(wait)
+                try:
+                    return await self._exchange(call, backend, body, stream)
+                finally:
+                    backend.waits.discard(wait)
+        except TimeoutError as exc:
+            what = "was taken out" if not backend.healthy else "did not answer in time"
+            raise GatewayTimeout(f"backend {backend.name} {what}") from exc
+        except aiohttp.ClientConnectorError as exc:
+            raise Unreachable(
+                f"backend {backend.name} unreachable: {exc.__class__.__name__}"
+            ) from exc
+        except aiohttp.ClientError as exc:
+            raise BadGateway(f"backend {backend.name} failed: {exc.__class__.__name__}") from exc
+
+    async def _exchange(self, call: Call, backend: Backend, body: bytes, stream: bool) -> Answer:
         assert self._session is not None
         assert call.request is not None
         headers = {"content-type": "application/json", "x-request-id": call.id}
@@ -81,20 +127,130 @@ class Upstream:
             self._urls.add(backend.url)
             origin = URL(backend.url)
             self._names[origin.host, origin.port] = backend.name
+        resp = await self._session.post(url, data=body, headers=headers)
         try:
-            resp = await self._session.post(url, data=body, headers=headers)
-        except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError) as exc:
-            raise Unreachable(
-                f"backend {backend.name} unreachable: {exc.__class__.__name__}"
-            ) from exc
-        except TimeoutError as exc:
-            raise GatewayTimeout(f"backend {backend.name} did not answer in time") from exc
-        except aiohttp.ClientError as exc:
-            raise BadGateway(f"backend {backend.name} failed: {exc.__class__.__name__}") from exc
-        if resp.status >= 400:
-            raw = await read_body(resp, backend)
-            raise UpstreamError(resp.status, raw, resp.content_type or "application/json")
-        return resp
+            if resp.status >= 400:
+                raw = await resp.read()
+                raise UpstreamError(resp.status, raw, resp.content_type or "application/json")
+            if stream:
+                return await self._begin(resp)
+            raw = await resp.read()
+        except BaseException:
+            resp.close()  # cut, not released: the backend sees the call abandoned and aborts it
+            raise
+        resp.release()
+        return FixedAnswer(raw, resp.headers)
+
+    async def _begin(self, resp: aiohttp.ClientResponse) -> Begun:
+        """Read a stream's first chunk, then bound the silences between the next ones."""
+        first = await resp.content.readany()
+        if not first:
+            raise aiohttp.ClientPayloadError("the stream ended before its first event")
+        if resp.connection is not None:
+            protocol = resp.connection.protocol
+            if protocol is not None:
+                # aiohttp's own read timeout, restarted by every chunk that arrives.
+                protocol.read_timeout = self._settings.idle_timeout
+                protocol.start_timeout()
+        return Begun(resp, first)
+
+
+class Begun:
+    """A stream whose first chunk has arrived, replayed before the rest (an Answer)."""
+
+    __slots__ = ("_first", "_resp", "headers")
+
+    def __init__(self, resp: aiohttp.ClientResponse, first: bytes) -> None:
+        self._resp = resp
+        self._first: bytes | None = first
+        self.headers = resp.headers
+
+    @property
+    def content(self) -> Begun:
+        return self
+
+    def iter_any(self) -> Begun:
+        return self
+
+    def __aiter__(self) -> Begun:
+        return self
+
+    async def __anext__(self) -> bytes:
+        if self._first is not None:
+            chunk, self._first = self._first, None
+            return chunk
+        chunk = await self._resp.content.readany()
+        if not chunk:
+            raise StopAsyncIteration
+        return chunk
+
+    async def read(self) -> bytes:
+        return b"".join([chunk async for chunk in self])
+
+    def release(self) -> None:
+        self._resp.release()
+
+    def close(self) -> None:
+        self._resp.close()
+
+
+WATCH_AFTER = 0.1
+"""Seconds a call waits for its answer before its client is watched for a disconnect: an
+answer that comes sooner costs no watcher task, and a client that leaves is noticed at
+most this much later."""
+
+
+class ClientWatch:
+    """Cuts the wait for an answer short when the client disconnects: the upstream request
+    is abandoned (vLLM aborts it) and ClientClosedRequest (499) is raised.
+
+    For the time before anything is sent to the client; once a stream's headers are out,
+    StreamRelay watches. Cancellation runs through an ``asyncio.Timeout`` that the watcher
+    fires, so the call's own task unwinds as from a timeout and every nested timeout and
+    shield keeps its meaning (a coalesced call's leader leaving frees its followers).
+    """
+
+    __slots__ = ("_active", "_call", "_cut", "_receive", "_task", "_timer")
+
+    def __init__(self, call: Call, receive: Receive) -> None:
+        self._call = call
+        self._receive = receive
+        self._cut = asyncio.timeout(None)
+        self._timer: asyncio.TimerHandle | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._active = False
+
+    async def __aenter__(self) -> None:
+        await self._cut.__aenter__()
+        self._active = True
+        self._timer = asyncio.get_running_loop().call_later(WATCH_AFTER, self._start)
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._active = False
+        if self._timer is not None:
+            self._timer.cancel()
+        if self._task is not None:
+            self._task.cancel()
+        try:
+            await self._cut.__aexit__(exc_type, exc, tb)
+        except TimeoutError:
+            raise ClientClosedRequest("the client disconnected before its answer began") from None
+
+    def _start(self) -> None:
+        self._timer = None
+        self._task = asyncio.get_running_loop().create_task(self._watch())
+
+    async def _watch(self) -> None:
+        while (await self._receive())["type"] != "http.disconnect":
+            pass
+        if self._active:
+            self._call.disconnected = True
+            self._cut.reschedule(asyncio.get_running_loop().time())
 
 
 class TimedConnector(aiohttp.TCPConnector):

@@ -58,7 +58,7 @@ async def test_calls_routed_together_see_each_others_load() -> None:
         index=SlowIndex(),
         policy=CacheAware(RoutingSettings()),
         upstream=Upstream(),
-        settings=SimpleNamespace(metrics_enabled=False),
+        settings=SimpleNamespace(metrics_enabled=False, upstream=settings.upstream),
     )
     model = pool.model("m")
     # Two conversations whose tie-break alone would put them on the same backend.
