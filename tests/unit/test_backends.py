@@ -1,4 +1,13 @@
-from gateway.backends import parse_engine_load
+import asyncio
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from gateway.backends import BackendPool, parse_engine_load
+from gateway.errors import BackendUnavailable
+from gateway.metrics import GatewayMetrics
+from gateway.settings import load_settings
+from tests.unit import loopback
 
 VLLM_METRICS = """# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
 # TYPE vllm:num_requests_waiting gauge
@@ -37,3 +46,69 @@ def test_engine_load_beyond_our_own_calls_is_what_routing_adds() -> None:
     assert b.others == 2
     b.own_at_scrape = 9
     assert b.others == 0
+
+
+def pool_of(urls: list[str], **upstream: object) -> tuple[BackendPool, GatewayMetrics]:
+    settings = load_settings(
+        models=[loopback.model(urls)],
+        upstream={"health_interval": 60, "health_timeout": 0.3, **upstream},
+    )
+    metrics = GatewayMetrics(CollectorRegistry())
+    return BackendPool(settings.models, settings.upstream, metrics), metrics
+
+
+def circuit(metrics: GatewayMetrics, backend: str) -> tuple[float, float]:
+    """(gateway_backend_circuit_state, gateway_backend_healthy) as exported."""
+    return (
+        metrics.circuit.labels(backend)._value.get(),
+        metrics.healthy.labels(backend)._value.get(),
+    )
+
+
+async def test_failures_in_a_row_eject_and_a_success_starts_the_count_over() -> None:
+    pool, metrics = pool_of(["http://127.0.0.1:1"], failure_threshold=3)
+    b = pool.backends["b0"]
+    pool.failed(b)
+    pool.failed(b)
+    pool.succeeded(b)
+    pool.failed(b)
+    pool.failed(b)
+    assert (b.circuit, b.healthy, circuit(metrics, "b0")) == ("closed", True, (0, 1))
+    pool.failed(b)
+    assert (b.circuit, b.healthy, circuit(metrics, "b0")) == ("open", False, (1, 0))
+    assert metrics.ejections.labels("b0", "failures")._value.get() == 1
+    with pytest.raises(BackendUnavailable):
+        pool.candidates(pool.model("m"), set())
+
+
+async def test_a_refused_connection_ejects_at_the_first() -> None:
+    pool, metrics = pool_of(["http://127.0.0.1:1"], failure_threshold=3)
+    pool.failed(pool.backends["b0"], at_once=True)
+    assert pool.backends["b0"].circuit == "open"
+    assert metrics.ejections.labels("b0", "unreachable")._value.get() == 1
+
+
+async def test_a_hung_probe_ejects_and_a_good_one_readmits_on_probation_after_cool_off() -> None:
+    async with loopback.backends("hang", "ok") as (hung, ok):
+        pool, metrics = pool_of([hung.url, ok.url], ejection_time=0.2, failure_threshold=3)
+        await pool.start()
+        try:
+            b0, b1 = pool.backends["b0"], pool.backends["b1"]
+            assert (b0.circuit, b1.circuit) == ("open", "closed")  # the hung probe timed out
+            assert metrics.ejections.labels("b0", "probe")._value.get() == 1
+            b0.url = ok.url  # the backend recovers
+            await pool.check_health()
+            assert b0.circuit == "open"  # still cooling off
+            await asyncio.sleep(0.25)
+            await pool.check_health()
+            assert (b0.circuit, b0.healthy, circuit(metrics, "b0")) == ("half_open", True, (2, 1))
+            pool.failed(b0)  # on probation, the first failure ejects again
+            assert b0.circuit == "open"
+            await asyncio.sleep(0.25)
+            await pool.check_health()
+            pool.succeeded(b0)  # ... and the first success closes the circuit
+            assert (b0.circuit, circuit(metrics, "b0")) == ("closed", (0, 1))
+            pool.failed(b0)
+            assert b0.circuit == "closed"
+        finally:
+            await pool.aclose()
