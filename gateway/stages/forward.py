@@ -133,7 +133,9 @@ class Upstream:
                 raw = await resp.read()
                 raise UpstreamError(resp.status, raw, resp.content_type or "application/json")
             if stream:
-                return await self._begin(resp)
+                begun = await self._begin(resp)
+                call.first_byte_at = time.perf_counter()
+                return begun
             raw = await resp.read()
         except BaseException:
             resp.close()  # cut, not released: the backend sees the call abandoned and aborts it

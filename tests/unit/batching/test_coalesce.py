@@ -86,3 +86,23 @@ async def test_an_abandoned_answer_is_not_joined() -> None:
     assert len(send.sent) == 2
     assert late.served_by == "upstream"
     assert await fresh.read() == b"answer"
+
+
+async def test_a_leader_whose_client_left_hands_the_call_to_a_follower() -> None:
+    """The leader's task is cancelled (its client disconnected before the answer began):
+    the followers still want the answer, so the next of them sends the call anew."""
+    coalescer, gate = Coalescer(), asyncio.Event()
+    send = FakeSend(gates=[gate])
+    forward = lambda c, p: send(c, p, None)  # noqa: E731
+    leader, follower = chat_call(temperature=0), chat_call(temperature=0)
+    leading = asyncio.create_task(coalescer.submit(leader, b"k", b"body", forward))
+    await asyncio.sleep(0)  # the leader runs up to its backend's gate
+    assert len(send.sent) == 1
+    following = asyncio.create_task(coalescer.submit(follower, b"k", b"body", forward))
+    await asyncio.sleep(0)
+    leading.cancel()
+    _, answer = await following
+    assert await answer.read() == b"answer"
+    assert [c for c, _, _ in send.sent] == [leader, follower]
+    assert follower.served_by == "upstream"
+    assert leading.cancelled()
