@@ -21,7 +21,7 @@ from gateway.batching.answers import Answer, FixedAnswer
 from gateway.batching.shared import SharedAnswer
 from gateway.errors import BadGateway, GatewayError
 from gateway.flow import Call, Request, Route
-from gateway.stages.forward import read_body
+from gateway.stages import forward as forward_stage
 
 Forward = Callable[[Call, bytes], Awaitable[tuple[Backend, Answer]]]
 
@@ -92,7 +92,7 @@ class Coalescer:
         try:
             backend, upstream = await forward(call, payload)
             if not call.request.stream:
-                raw = await read_body(upstream, backend)  # type: ignore[arg-type]
+                raw = await forward_stage.read_body(upstream, backend)  # type: ignore[arg-type]
         except GatewayError as exc:
             self._land(key, flight, Sent(error=exc))
             raise
