@@ -186,23 +186,51 @@ class BackendPool:
                 self._set(backend, "closed")
 
     def failed(self, backend: Backend, at_once: bool = False) -> None:
-        """A call failed on the backend; enough in a row (or one ``at_once``) eject it."""
+        """A call failed on the backend; enough in a row (or one ``at_once``) eject it.
+
+        Failed calls eject a backend only while another can take its calls: ejecting a
+        model's last backend for errors would turn each call that might still succeed
+        into a 503 for ``ejection_time`` (Envoy's panic threshold, in spirit). A refused
+        connection ejects it regardless: it answers nothing anyway.
+        """
         backend.failures += 1
-        if at_once or backend.failures >= self._settings.failure_threshold:
-            self.eject(backend, "unreachable" if at_once else "failures")
+        if at_once:
+            self.eject(backend, "unreachable")
+        elif backend.failures >= self._settings.failure_threshold and self._elsewhere(backend):
+            self.eject(backend, "failures")
 
     def eject(self, backend: Backend, reason: str) -> None:
-        """Take the backend out for ``ejection_time`` and cut the waits of its calls."""
-        backend.ejected_until = time.monotonic() + self._settings.ejection_time
+        """Take the backend out and cut the waits of its calls, if another can take them.
+
+        Ejected by failed calls, it stays out ``ejection_time``; by a failed probe, until a
+        probe succeeds (the probe is itself the evidence: a backend whose /health answered
+        late once, on a saturated host, is back at the next probe, not seconds later).
+        Its calls' waits are cut only when a backend sharing a model with it is healthy:
+        with nowhere else to go, cutting them would fail calls that may yet be answered.
+        """
+        hold = 0.0 if reason == "probe" else self._settings.ejection_time
+        backend.ejected_until = max(backend.ejected_until, time.monotonic() + hold)
         if backend.circuit == "open":
             return
         log.warning("backend %s ejected (%s)", backend.name, reason)
         self._set(backend, "open")
         self._metrics.ejections.labels(backend.name, reason).inc()
+        if not self._elsewhere(backend):
+            return
         now = asyncio.get_running_loop().time()
         for wait in list(backend.waits):
             if not wait.expired():
                 wait.reschedule(now)
+
+    def _elsewhere(self, backend: Backend) -> bool:
+        """Whether a healthy backend serves one of this one's models."""
+        return any(
+            other.healthy
+            for model in self.models.values()
+            if backend in model.backends
+            for other in model.backends
+            if other is not backend
+        )
 
     def _set(self, backend: Backend, circuit: Circuit) -> None:
         backend.circuit = circuit

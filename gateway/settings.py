@@ -61,8 +61,9 @@ class UpstreamSettings(Section):
     """Consecutive failed calls (reset, timed out, 5xx) that eject a backend at once.
     A refused connection or a failed health probe ejects it at the first."""
     ejection_time: float = Field(5.0, ge=0)
-    """Seconds an ejected backend stays out; then a good health probe lets it back on
-    probation, where its first failure ejects it again."""
+    """Seconds a backend ejected for failed calls stays out; then a good health probe lets
+    it back on probation, where its first failure ejects it again. One ejected by a probe
+    is back at the next good probe."""
     max_connections: int = 1000
     health_interval: float = 0.5
     health_timeout: float = 1.0

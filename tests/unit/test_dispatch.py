@@ -192,3 +192,16 @@ async def test_a_prompt_answer_never_starts_a_watcher() -> None:
         await asyncio.sleep(0.2)  # past the watcher's start, had it been left armed
     assert client.receives == 0
     assert not c.disconnected
+
+
+async def test_an_ejection_leaves_the_waits_alone_when_no_other_backend_can_take_them() -> None:
+    async with loopback.backends("hang") as (hung,), gateway([hung.url]) as svc:
+        pool = svc.backends
+        sent = asyncio.create_task(dispatch(call(False), pool.model("m"), payload(False), svc))
+        await hung.received.wait()
+        pool.eject(pool.backends["b0"], "probe")
+        await asyncio.sleep(0.1)
+        assert not sent.done()  # still waiting: its backend may yet answer
+        assert pool.backends["b0"].waits
+        sent.cancel()
+        await asyncio.gather(sent, return_exceptions=True)
