@@ -5,6 +5,8 @@
     gateway bench compare --target rr=http://127.0.0.1:8081/v1 \\
         --target cache=http://127.0.0.1:8082/v1 --workload multi-turn --rate 4 --duration 30
 
+    gateway bench routing --workload all --seeds 0 1    # the zoo against every router
+
 The subcommand is required (no implicit `run`), so a typo never silently benchmarks.
 Without --requests or --duration a run sends one pass of its workload. Prompt lengths are
 in words, each one cl100k token, so they are close to token counts.
@@ -22,19 +24,30 @@ from typing import Any, TypeVar
 
 import orjson
 
-from gateway.bench import runner
+from gateway.bench import routing, runner
 from gateway.bench.client import Target, TargetUnavailable
 from gateway.bench.report import Report, ratios, render, render_ratios
-from gateway.bench.workloads import Mixed, MultiTurn, SharedPrefix, Tiny, Workload
+from gateway.bench.workloads import (
+    Agents,
+    Documents,
+    Mixed,
+    MultiTurn,
+    SharedPrefix,
+    Tenants,
+    Tiny,
+    Workload,
+)
 
-WORKLOAD_NAMES = ("shared-prefix", "multi-turn", "mixed", "tiny")
+WORKLOAD_NAMES = ("shared-prefix", "multi-turn", "mixed", "tiny", "agents", "documents", "tenants")
 T = TypeVar("T")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = __doc__
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    sub = parser.add_subparsers(dest="bench_command", required=True, metavar="{run,compare}")
+    sub = parser.add_subparsers(
+        dest="bench_command", required=True, metavar="{run,compare,routing}"
+    )
     run_p = sub.add_parser("run", help="one target")
     run_p.add_argument("--base-url", required=True, help="e.g. http://127.0.0.1:8000/v1")
     run_p.add_argument("--label", default="", help="name shown in the report")
@@ -55,6 +68,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for p in (run_p, cmp_p):
         _add_load(p)
         _add_workload(p)
+    routing_p = sub.add_parser("routing", help="the workload zoo against every router")
+    routing.add_arguments(routing_p)
 
 
 def _add_load(p: argparse.ArgumentParser) -> None:
@@ -131,7 +146,8 @@ def _add_workload(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--system-words",
         type=int,
-        help=f"multi-turn: shared system prompt length ({mt.system_words})",
+        help=f"multi-turn, agents: shared system prompt length ({mt.system_words}, "
+        f"{Agents().system_words})",
     )
     g.add_argument(
         "--message-words", type=int, help=f"multi-turn: user message length ({mt.message_words})"
@@ -162,6 +178,9 @@ def workload_from_args(args: argparse.Namespace) -> Workload:
         "multi-turn": multi,
         "mixed": Mixed(shared, multi),
         "tiny": tiny,
+        "agents": _override(Agents(), system_words=args.system_words),
+        "documents": Documents(),
+        "tenants": Tenants(),
     }
     return chosen[args.workload]
 
@@ -208,6 +227,8 @@ def parse_headers(values: list[str]) -> dict[str, str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.bench_command == "routing":
+        return routing.execute(args)
     headers = parse_headers(args.header)
     workload = workload_from_args(args)
     opts = options_from_args(args)

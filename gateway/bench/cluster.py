@@ -92,11 +92,15 @@ def tail(log: Path, lines: int = 20) -> str:
 
 
 @contextlib.asynccontextmanager
-async def simulators(instances: int, cache_blocks: int, logs: Path) -> AsyncIterator[list[str]]:
-    """A fresh simulated cluster (one process, consecutive ports); yields the base URLs."""
+async def simulators(
+    instances: int, cache_blocks: int, logs: Path, *options: str
+) -> AsyncIterator[list[str]]:
+    """A fresh simulated cluster (one process, consecutive ports); yields the base URLs.
+
+    options: more `gateway sim` options (``--speed 1,1,1,0.5``, ``--max-num-seqs 8``)."""
     port = free_ports(instances)
     cmd = [sys.executable, "-m", "gateway", "sim", "--instances", str(instances),
-           "--port", str(port), "--cache-blocks", str(cache_blocks)]  # fmt: skip
+           "--port", str(port), "--cache-blocks", str(cache_blocks), *options]  # fmt: skip
     urls = [f"http://127.0.0.1:{port + i}" for i in range(instances)]
     async with process("sim", cmd, f"{urls[-1]}/health", logs):
         yield urls

@@ -62,6 +62,8 @@ class Options:
     concurrency: int | None = None
     rate: float | None = None
     """Poisson arrivals per second (open loop)."""
+    bursts: Bursts | None = None
+    """Open loop: windows in which the arrival rate is multiplied (see Bursts)."""
     requests: int | None = None
     duration: float | None = None
     """Stop dispatching after this many seconds (in-flight requests finish)."""
@@ -92,6 +94,26 @@ class Options:
     @property
     def load(self) -> str:
         return f"rate={self.rate:g}/s" if self.rate else f"concurrency={self.workers}"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Bursts:
+    """A rate schedule: the arrival rate times ``factor`` for ``length`` seconds, every
+    ``every`` seconds, the first burst starting at ``start`` (seconds into the run)."""
+
+    start: float = 10.0
+    every: float = 20.0
+    length: float = 10.0
+    factor: float = 2.0
+
+    def __post_init__(self) -> None:
+        if not (self.start >= 0 and self.every >= self.length > 0 and self.factor >= 1):
+            raise ValueError("bursts need start >= 0, every >= length > 0 and factor >= 1")
+
+    def factor_at(self, t: float) -> float:
+        """The rate multiplier t seconds into the run."""
+        in_burst = t >= self.start and (t - self.start) % self.every < self.length
+        return self.factor if in_burst else 1.0
 
 
 @dataclass(slots=True)
@@ -254,7 +276,7 @@ async def _measure(fleet: _Fleet, workload: Workload, *, isolate: bool) -> list[
     plan = _Plan(total, None if opts.duration is None else started + opts.duration)
     try:
         if opts.rate:
-            await _open_loop(lanes, opts.rate, plan, opts.seed)
+            await _open_loop(lanes, opts.rate, plan, opts.seed, opts.bursts)
         else:
             await _closed_loop(lanes, opts.workers, plan)
     finally:
@@ -280,12 +302,30 @@ async def _worker(lane: _Lane, plan: _Plan) -> None:
         await lane.execute(*job)
 
 
-async def _open_loop(lanes: Sequence[_Lane], rate: float, plan: _Plan, seed: int) -> None:
+def arrival_offsets(rate: float, seed: int, bursts: Bursts | None = None) -> Iterator[float]:
+    """Seconds from the start of each arrival of a seeded Poisson process.
+
+    With bursts the rate varies, so candidates are drawn at the peak rate and each is
+    kept with probability rate(t) / peak (thinning): an exact inhomogeneous Poisson
+    process, the same for the same seed.
+    """
     arrivals = random.Random(f"{seed}:arrivals")
-    at = time.perf_counter()
+    peak = rate * (bursts.factor if bursts else 1.0)
+    at = 0.0
+    while True:
+        at += arrivals.expovariate(peak)
+        if bursts is None or arrivals.random() * bursts.factor < bursts.factor_at(at):
+            yield at
+
+
+async def _open_loop(
+    lanes: Sequence[_Lane], rate: float, plan: _Plan, seed: int, bursts: Bursts | None
+) -> None:
+    start = time.perf_counter()
+    offsets = arrival_offsets(rate, seed, bursts)
     async with asyncio.TaskGroup() as tg:
         for i in itertools.count():
-            at += arrivals.expovariate(rate)
+            at = start + next(offsets)
             if plan.deadline is not None and at >= plan.deadline:
                 return
             await asyncio.sleep(max(at - time.perf_counter(), 0))

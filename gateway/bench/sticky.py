@@ -4,8 +4,9 @@ Each conversation goes to one instance for its whole life, chosen when it first 
 as the instance with the fewest requests in flight (ties: fewest conversations placed).
 That is what a router with perfect knowledge of the workload would do: full affinity,
 new conversations spread by load, no index and no guessing. The conversation is the
-``x-session-id`` the load generator sends; a shared-prefix question (``sp-g3-q17``)
-belongs to its group (``sp-g3``), since the group's system prompt is what it shares.
+``x-session-id`` the load generator sends; a single question (``sp-g3-q17``,
+``doc-d2-q5``, ``tn-t4-q9``) belongs to its group, document or tenant (``sp-g3``), since
+the system prompt it shares with them is what it can reuse.
 
 Bodies pass through untouched and answers stream back chunk by chunk with the
 instance's ``x-backend-instance``. Run as ``python -m gateway.bench.sticky --port P

@@ -13,8 +13,9 @@ is sent only after turn i-1 completed.
 
 from __future__ import annotations
 
+import itertools
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -46,10 +47,19 @@ class Workload(Protocol):
     def turns(self, seed: int) -> Iterator[Turn]: ...
 
 
+Span = tuple[int, int]
+"""An inclusive range a length is drawn from, uniformly."""
+
+
 def text(rng: random.Random, words: int, end: str = ".") -> str:
     """A sentence of exactly ``words`` words from the fixed vocabulary (~1 token each)."""
     picked = rng.choices(WORDS, k=max(words, 1))
     return " ".join([picked[0].capitalize(), *picked[1:]]) + end
+
+
+def zipf(n: int, s: float = 1.0) -> list[float]:
+    """Popularity weights of n items, the k-th in proportion to 1 / k^s: a few hot ones."""
+    return [1 / (k + 1) ** s for k in range(n)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,3 +168,149 @@ class Mixed:
         weights = (self.shared_prefix.default_requests(), self.multi_turn.default_requests())
         while True:
             yield next(rng.choices(parts, weights)[0])
+
+
+@dataclass(slots=True)
+class _Conversation:
+    """A conversation in progress in a pool (see ``_pool``)."""
+
+    id: str
+    system: str
+    turns: int
+    message_words: Span
+    max_tokens: Span
+    index: int = 0
+
+
+def _pool(rng: random.Random, live: int, new: Callable[[int], _Conversation]) -> Iterator[Turn]:
+    """Turns of ``live`` conversations in progress, each next turn from one picked at random.
+
+    A conversation that ends is replaced by a new one (``new(n)``, n counting from 0), so
+    the pool stays full: users who come and go, each waiting for an answer before the
+    next message (the runner holds a turn until its predecessor is answered).
+    """
+    started = itertools.count()
+    slots = [new(next(started)) for _ in range(live)]
+    while True:
+        slot = rng.randrange(live)
+        c = slots[slot]
+        last = c.index == c.turns - 1
+        message = text(rng, rng.randint(*c.message_words))
+        yield Turn(c.id, c.index, c.system, message, rng.randint(*c.max_tokens), last)
+        c.index += 1
+        if last:
+            slots[slot] = new(next(started))
+
+
+@dataclass(frozen=True, slots=True)
+class Agents:
+    """An agent or app: every conversation under ONE long system prompt.
+
+    Once every backend holds the system prompt, a router that values a match by its share
+    of the prompt sees a strong match everywhere; what tells backends apart is each
+    conversation's own history, a fraction of the prompt. Messages vary from a short
+    question to a long tool result, answers from a word to a paragraph.
+    """
+
+    system_words: int = 1500
+    live: int = 48
+    """Conversations in progress at once."""
+    turns_per_conversation: Span = (2, 8)
+    message_words: Span = (16, 160)
+    max_tokens: Span = (16, 96)
+    name: str = field(default="agents", init=False)
+
+    def default_requests(self) -> int:
+        return self.live * sum(self.turns_per_conversation) // 2
+
+    def turns(self, seed: int) -> Iterator[Turn]:
+        rng = random.Random(f"{seed}:{self.name}")
+        system = text(rng, self.system_words)
+
+        def new(n: int) -> _Conversation:
+            turns = rng.randint(*self.turns_per_conversation)
+            return _Conversation(f"ag-c{n}", system, turns, self.message_words, self.max_tokens)
+
+        return _pool(rng, self.live, new)
+
+
+@dataclass(frozen=True, slots=True)
+class Documents:
+    """RAG: a few long documents, each asked many different questions.
+
+    Each call is one question on one document (the system message: a shared instruction,
+    then the document); documents are picked by Zipf popularity, so the hottest draws more
+    calls than one backend's share and must be copied to stay balanced, while together they
+    outgrow one backend's cache.
+    """
+
+    documents: int = 6
+    document_words: Span = (1500, 3500)
+    instruction_words: int = 64
+    question_words: Span = (8, 64)
+    max_tokens: Span = (16, 128)
+    name: str = field(default="documents", init=False)
+
+    def default_requests(self) -> int:
+        return self.documents * 64
+
+    def turns(self, seed: int) -> Iterator[Turn]:
+        rng = random.Random(f"{seed}:{self.name}")
+        instruction = text(rng, self.instruction_words)
+        docs = [
+            f"{instruction}\n\n{text(rng, rng.randint(*self.document_words))}"
+            for _ in range(self.documents)
+        ]
+        weights = zipf(self.documents)
+        asked = [0] * self.documents
+        while True:
+            (d,) = rng.choices(range(self.documents), weights)
+            question = text(rng, rng.randint(*self.question_words), "?")
+            yield Turn(f"doc-d{d}-q{asked[d]}", 0, docs[d], question, rng.randint(*self.max_tokens))
+            asked[d] += 1
+
+
+@dataclass(frozen=True, slots=True)
+class Tenants:
+    """Many tenants on one cluster, each its own system prompt and shape of traffic.
+
+    A tenant's system prompt, message lengths and answer lengths are drawn once from wide
+    ranges (a terse classifier beside a long-winded assistant), its share of the traffic
+    by Zipf popularity. Its conversations run from one question (``tn-t3-q9``) to a few
+    turns (``tn-t3-c9``).
+    """
+
+    tenants: int = 24
+    live: int = 64
+    system_words: Span = (50, 2000)
+    message_words: Span = (8, 400)
+    max_tokens: Span = (4, 192)
+    turns_per_conversation: Span = (1, 6)
+    name: str = field(default="tenants", init=False)
+
+    def default_requests(self) -> int:
+        return self.live * sum(self.turns_per_conversation) // 2
+
+    def turns(self, seed: int) -> Iterator[Turn]:
+        rng = random.Random(f"{seed}:{self.name}")
+        shapes = [self._shape(rng) for _ in range(self.tenants)]
+        weights = zipf(self.tenants)
+
+        def new(n: int) -> _Conversation:
+            (t,) = rng.choices(range(self.tenants), weights)
+            system, words, answers = shapes[t]
+            turns = rng.randint(*self.turns_per_conversation)
+            kind = "q" if turns == 1 else "c"
+            return _Conversation(f"tn-t{t}-{kind}{n}", system, turns, words, answers)
+
+        return _pool(rng, self.live, new)
+
+    def _shape(self, rng: random.Random) -> tuple[str, Span, Span]:
+        """A tenant's system prompt and its own ranges of message and answer lengths."""
+        system = text(rng, rng.randint(*self.system_words))
+        return system, _subrange(rng, self.message_words), _subrange(rng, self.max_tokens)
+
+
+def _subrange(rng: random.Random, span: Span) -> Span:
+    low, high = sorted(rng.randint(*span) for _ in range(2))
+    return low, high

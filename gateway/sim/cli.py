@@ -2,7 +2,8 @@
 
 `gateway sim --instances 4 --port 9001 --cache-blocks 4096,4096,1024,1024` serves four
 instances on ports 9001-9004 from one event loop (on two cores, one loop beats
-several processes), each with its own engine, prefix cache and metrics.
+several processes), each with its own engine, prefix cache and metrics;
+`--speed 1,1,1,0.5` makes the last one half as fast as the others.
 """
 
 from __future__ import annotations
@@ -11,11 +12,13 @@ import argparse
 import asyncio
 import signal
 from collections.abc import Callable
+from typing import TypeVar
 
 from gateway.sim.config import SimConfig
 from gateway.sim.server import RunningSimulator, start_simulator
 
 _DEFAULTS = SimConfig()
+T = TypeVar("T")
 
 
 # SimConfig fields offered as --field-name options, with their type and help text; the
@@ -45,6 +48,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=str(_DEFAULTS.cache_blocks),
         help=f"KV blocks, one value or a list per instance (default {_DEFAULTS.cache_blocks})",
     )
+    a(
+        "--speed",
+        default=str(_DEFAULTS.speed),
+        help="throughput multiplier (timings divided by it), one value or a list per instance",
+    )
     a("--instant", action="store_true", help="answer at once, no scheduler delay")
     for field, kind, text in _TUNABLES:
         default = getattr(_DEFAULTS, field)
@@ -61,21 +69,31 @@ def configs(args: argparse.Namespace) -> list[SimConfig]:
     n = args.instances
     if n < 1:
         raise SystemExit("--instances must be at least 1")
-    blocks = [int(b) for b in str(args.cache_blocks).split(",")]
-    if len(blocks) == 1:
-        blocks *= n
-    if len(blocks) != n:
-        raise SystemExit(f"--cache-blocks lists {len(blocks)} values for {n} instances")
+    blocks = per_instance("--cache-blocks", args.cache_blocks, n, int)
+    speeds = per_instance("--speed", args.speed, n, float)
     if args.name and n > 1:
         raise SystemExit("--name names a single instance; several get sim-<port>")
     tunables = {field: getattr(args, field) for field, _, _ in _TUNABLES}
     try:
         return [
-            SimConfig(name=args.name, instant=args.instant, cache_blocks=b, **tunables)
-            for b in blocks
+            SimConfig(name=args.name, instant=args.instant, cache_blocks=b, speed=v, **tunables)
+            for b, v in zip(blocks, speeds, strict=True)
         ]
     except ValueError as exc:
         raise SystemExit(f"gateway sim: {exc}") from exc
+
+
+def per_instance(option: str, value: str, n: int, kind: Callable[[str], T]) -> list[T]:
+    """One value for every instance, or a comma-separated list of exactly n."""
+    try:
+        values = [kind(v) for v in str(value).split(",")]
+    except ValueError as exc:
+        raise SystemExit(f"gateway sim: {option}: {exc}") from exc
+    if len(values) == 1:
+        values *= n
+    if len(values) != n:
+        raise SystemExit(f"{option} lists {len(values)} values for {n} instances")
+    return values
 
 
 async def _serve(args: argparse.Namespace, cfgs: list[SimConfig]) -> None:
@@ -95,7 +113,8 @@ async def _serve(args: argparse.Namespace, cfgs: list[SimConfig]) -> None:
                 ) from exc
             sims.append(sim)
             print(
-                f"{sim.name} serving {cfg.model} on {sim.url} (cache {cfg.cache_blocks} blocks)",
+                f"{sim.name} serving {cfg.model} on {sim.url} "
+                f"(cache {cfg.cache_blocks} blocks, speed {cfg.speed:g})",
                 flush=True,
             )
         await stop.wait()

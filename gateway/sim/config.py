@@ -32,6 +32,9 @@ class SimConfig:
     """Cost of each uncached prompt token prefilled in a step."""
     decode_seq_ms: float = 0.05
     """Cost of each running sequence that decodes a token in a step."""
+    speed: float = 1.0
+    """Throughput multiplier: every timing cost above is divided by it, so 0.5 is a
+    backend half as fast as the others (an older GPU, a noisy neighbour)."""
     max_model_len: int = 8192
     """Longest prompt plus output accepted; longer requests get vLLM's 400."""
     default_max_tokens: int = 16
@@ -48,3 +51,5 @@ class SimConfig:
             raise ValueError("max_model_len, default_max_tokens and embedding_dim must be > 0")
         if min(self.step_ms, self.prefill_token_ms, self.decode_seq_ms) < 0:
             raise ValueError("timing costs cannot be negative")
+        if not self.speed > 0:
+            raise ValueError("speed must be positive")

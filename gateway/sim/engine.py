@@ -159,7 +159,8 @@ class Engine:
             decoding, prefills = self._plan()
             prefill_tokens = sum(n for _, n in prefills)
             cost_ms = cfg.step_ms + cfg.prefill_token_ms * prefill_tokens
-            await asyncio.sleep((cost_ms + cfg.decode_seq_ms * len(decoding)) / 1000)
+            cost_ms += cfg.decode_seq_ms * len(decoding)
+            await asyncio.sleep(cost_ms / cfg.speed / 1000)
             self._apply(decoding, prefills)
 
     def _admit(self) -> None:

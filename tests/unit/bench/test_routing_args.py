@@ -1,16 +1,29 @@
 from __future__ import annotations
 
-from gateway.bench.routing import WORKLOADS, chosen, parse_args
-from gateway.bench.workloads import MultiTurn
+from gateway.bench import zoo
+from gateway.bench.routers import ZOO_SETUPS
+from gateway.bench.routing import QUICK_DURATION, Bench, bench_from, chosen, parse_args
 
 
-def test_both_workloads_by_default_as_defined() -> None:
-    assert chosen(parse_args([])) == list(WORKLOADS.values())
+def test_the_whole_zoo_against_every_router_on_two_seeds_by_default() -> None:
+    args = parse_args([])
+    assert chosen(args) == list(zoo.ZOO.values())
+    assert args.configs == list(ZOO_SETUPS)
+    assert args.seeds == [0, 1]
+    assert bench_from(args).duration == Bench().duration
 
 
-def test_system_words_lengthens_only_the_multi_turn_system_prompt() -> None:
-    workloads = chosen(parse_args(["--system-words", "1500"]))
-    multi = [w for w in workloads if isinstance(w, MultiTurn)]
-    assert [w.system_words for w in multi] == [1500]
-    assert multi[0].conversations == WORKLOADS["multi-turn"].conversations
-    assert [w for w in workloads if not isinstance(w, MultiTurn)] == [WORKLOADS["shared-prefix"]]
+def test_a_list_of_scenarios_and_quick() -> None:
+    args = parse_args(["--workload", "agents", "documents", "agents", "--quick"])
+    assert [s.name for s in chosen(args)] == ["agents", "documents"]
+    assert bench_from(args).duration == QUICK_DURATION
+
+
+def test_rate_scales_with_speed_and_load_and_the_slow_instance_is_slow() -> None:
+    agents, slow = zoo.ZOO["agents"], zoo.ZOO["slow-backend"]
+    base = Bench()
+    assert Bench(speed=2 * base.speed).rate(agents) == 2 * base.rate(agents)
+    assert Bench(load=0.5).rate(agents) < base.rate(agents) < Bench(load=0.9).rate(agents)
+    speeds = base.sim_options(slow, 4)[-1].split(",")
+    assert [float(v) for v in speeds] == [base.speed] * 3 + [base.speed / 2]
+    assert base.sim_options(slow, 1)[-1] == f"{base.speed:g}"

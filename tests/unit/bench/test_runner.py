@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+import random
 import time
 from typing import Any
 
@@ -107,3 +109,28 @@ def test_options_refuse_both_loads() -> None:
     with pytest.raises(ValueError, match="positive"):
         runner.Options(rate=0)
     assert runner.Options().load == "concurrency=8"
+
+
+def test_arrivals_double_inside_bursts_and_are_replayable() -> None:
+    bursts = runner.Bursts(start=10, every=20, length=10, factor=2)
+    offsets = list(itertools.takewhile(lambda t: t < 2000, runner.arrival_offsets(5, 3, bursts)))
+    inside = sum(bursts.factor_at(t) == 2 for t in offsets)
+    outside = len(offsets) - inside
+    # 1,000 s of each: ~10,000 arrivals inside and ~5,000 outside
+    assert 1.9 < inside / outside < 2.1
+    assert 4800 < outside < 5200
+    again = itertools.takewhile(lambda t: t < 2000, runner.arrival_offsets(5, 3, bursts))
+    assert list(again) == offsets
+
+
+def test_arrivals_without_bursts_are_the_plain_poisson_stream() -> None:
+    plain = random.Random("3:arrivals")
+    expected = list(itertools.accumulate(plain.expovariate(5) for _ in range(100)))
+    got = list(itertools.islice(runner.arrival_offsets(5, 3), 100))
+    assert got == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("bad", [{"length": 0}, {"every": 5, "length": 10}, {"factor": 0.5}])
+def test_bursts_refuse_impossible_schedules(bad: dict[str, float]) -> None:
+    with pytest.raises(ValueError, match="bursts need"):
+        runner.Bursts(**bad)

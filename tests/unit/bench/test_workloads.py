@@ -8,9 +8,27 @@ import sys
 from collections import Counter
 
 from gateway.bench.words import WORDS
-from gateway.bench.workloads import Mixed, MultiTurn, SharedPrefix, Tiny, Turn, Workload
+from gateway.bench.workloads import (
+    Agents,
+    Documents,
+    Mixed,
+    MultiTurn,
+    SharedPrefix,
+    Tenants,
+    Tiny,
+    Turn,
+    Workload,
+)
 
-ALL: list[Workload] = [SharedPrefix(), MultiTurn(), Tiny(), Mixed()]
+ALL: list[Workload] = [
+    SharedPrefix(),
+    MultiTurn(),
+    Tiny(),
+    Mixed(),
+    Agents(),
+    Documents(),
+    Tenants(),
+]
 
 
 def take(workload: Workload, n: int, seed: int = 0) -> list[Turn]:
@@ -103,3 +121,74 @@ def test_mixed_interleaves_both_parts_each_in_its_own_order() -> None:
     assert shared == take(w.shared_prefix, len(shared))
     assert multi == take(w.multi_turn, len(multi))
     assert w.default_requests() == 8 + 8
+
+
+def conversations(turns: list[Turn]) -> dict[str, list[Turn]]:
+    by_conv: dict[str, list[Turn]] = {}
+    for t in turns:
+        by_conv.setdefault(t.conversation, []).append(t)
+    return by_conv
+
+
+def assert_whole_conversations(turns: list[Turn], lengths: tuple[int, int]) -> None:
+    """Turns of a conversation come in order, and the finished ones end on a last turn
+    after a number of turns within lengths."""
+    for conv, mine in conversations(turns).items():
+        assert [t.index for t in mine] == list(range(len(mine))), conv
+        assert all(not t.last for t in mine[:-1]), conv
+        if mine[-1].last:
+            assert lengths[0] <= len(mine) <= lengths[1], conv
+
+
+def test_agents_share_one_long_system_prompt_across_many_conversations() -> None:
+    w = Agents(system_words=700, live=10, turns_per_conversation=(2, 5))
+    turns = take(w, 1000)
+    assert {len(t.system.split()) for t in turns} == {700}
+    assert len({t.system for t in turns}) == 1
+    by_conv = conversations(turns)
+    assert len(by_conv) > 1000 / 5
+    assert_whole_conversations(turns, (2, 5))
+    assert all(16 <= len(t.user.split()) <= 160 for t in turns)
+    assert {t.max_tokens for t in turns} <= set(range(16, 97))
+    # a pool: at most `live` conversations are in progress at any point of the stream
+    open_at_once = 0
+    live: set[str] = set()
+    for t in turns:
+        live.add(t.conversation)
+        open_at_once = max(open_at_once, len(live))
+        if t.last:
+            live.discard(t.conversation)
+    assert open_at_once == 10
+
+
+def test_documents_few_long_documents_many_distinct_questions_hottest_first() -> None:
+    w = Documents(documents=4, document_words=(300, 500), instruction_words=20)
+    turns = take(w, 2000)
+    docs = Counter(t.system for t in turns)
+    assert len(docs) == 4
+    assert all(320 <= len(d.split()) <= 520 for d in docs)
+    # every document opens with the same instruction
+    assert len({d.split("\n\n")[0] for d in docs}) == 1
+    assert len({t.user for t in turns}) == len(turns)
+    counts = [n for _, n in docs.most_common()]
+    assert counts[0] > 2000 / 4 * 1.3  # the hottest draws more than an even share
+    by_doc = Counter(t.conversation.rsplit("-q", 1)[0] for t in turns)
+    assert sorted(by_doc.values()) == sorted(counts)
+    assert all(t.index == 0 and t.last and t.user.endswith("?") for t in turns)
+
+
+def test_tenants_differ_in_system_prompt_message_and_answer_lengths() -> None:
+    w = Tenants(tenants=6, live=12)
+    turns = take(w, 3000)
+    by_tenant: dict[str, list[Turn]] = {}
+    for t in turns:
+        by_tenant.setdefault(t.conversation.split("-")[1], []).append(t)
+    assert len(by_tenant) == 6
+    assert len({mine[0].system for mine in by_tenant.values()}) == 6
+    assert all(len({t.system for t in mine}) == 1 for mine in by_tenant.values())
+    answers = [max(t.max_tokens for t in mine) for mine in by_tenant.values()]
+    assert max(answers) > 2 * min(answers)
+    assert_whole_conversations(turns, w.turns_per_conversation)
+    singles = [c for c, mine in conversations(turns).items() if "-q" in c]
+    assert singles
+    assert all(len(conversations(turns)[c]) == 1 for c in singles)

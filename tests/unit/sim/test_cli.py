@@ -20,6 +20,12 @@ def test_one_cache_size_for_all_or_one_per_instance() -> None:
     assert {c.step_ms for c in each} == {5.0}
 
 
+def test_one_speed_for_all_or_one_per_instance() -> None:
+    assert [c.speed for c in cli.configs(parse("--instances", "2"))] == [1.0, 1.0]
+    each = cli.configs(parse("--instances", "3", "--speed", "1,1,0.5"))
+    assert [c.speed for c in each] == [1.0, 1.0, 0.5]
+
+
 def test_defaults_are_simconfigs() -> None:
     (config,) = cli.configs(parse())
     assert config == cli.SimConfig()
@@ -29,6 +35,9 @@ def test_defaults_are_simconfigs() -> None:
     "argv",
     [
         ("--instances", "2", "--cache-blocks", "1,2,3"),
+        ("--instances", "2", "--speed", "1,0.5,2"),
+        ("--speed", "0"),
+        ("--speed", "fast"),
         (
             "--instances",
             "0",
