@@ -9,7 +9,10 @@
 # give each concurrent user its own run dir. Each server runs in its own session, so a
 # stop reaches its engine processes too. A server already answering on its port is reused.
 # VLLM_CPU_NICE (default 0) lowers the servers' CPU priority: on a busy machine the
-# clients under test then keep up with the engine.
+# clients under test then keep up with the engine. VLLM_CPU_PIN=1 pins the i-th server
+# of a start to core i (modulo the cores there are) with taskset and binds its OpenMP
+# threads there: two CPU servers sharing cores stall each other (vLLM's shared-memory
+# queue spins after each read), which a routing comparison must not measure.
 set -euo pipefail
 
 VLLM_CPU_HOME=${VLLM_CPU_HOME:-/var/tmp/gateway-vllm-cpu}
@@ -24,13 +27,18 @@ answers() { curl -fsS -m 2 -o /dev/null "http://127.0.0.1:$1/v1/models" 2>/dev/n
 alive() { [[ -f "$RUN/$1.pid" ]] && kill -0 "$(cat "$RUN/$1.pid")" 2>/dev/null; }
 
 launch() {
-  local port=$1
+  local port=$1 index=$2 pin=()
+  if [[ "${VLLM_CPU_PIN:-0}" == 1 ]]; then
+    local core=$((index % $(nproc)))
+    pin=(taskset -c "$core" env VLLM_CPU_OMP_THREADS_BIND="$core")
+  fi
   # setsid: the server leads its own process group, so stop can signal the whole group.
   # Our own VLLM_CPU_* knobs are dropped: vLLM warns about VLLM_* names it does not know.
   env -u VLLM_CPU_HOME -u VLLM_CPU_RUN -u VLLM_CPU_START_TIMEOUT -u VLLM_CPU_NICE \
+    -u VLLM_CPU_PIN \
     HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 \
     VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}" \
-    nice -n "${VLLM_CPU_NICE:-0}" setsid "$PY" -m vllm.entrypoints.openai.api_server \
+    nice -n "${VLLM_CPU_NICE:-0}" setsid "${pin[@]}" "$PY" -m vllm.entrypoints.openai.api_server \
     --model "$MODEL" --served-model-name tiny --host 127.0.0.1 --port "$port" \
     --dtype bfloat16 --max-model-len 4096 --max-num-seqs 8 --enforce-eager \
     --enable-prefix-caching --enable-prompt-tokens-details --block-size 32 \
@@ -66,11 +74,11 @@ start() {
     elif answers "$port"; then
       die "port $port is taken by a server this run dir did not start"
     else
-      todo+=("$port")
+      todo+=("$i")
     fi
   done
   # Checked first, launched after: a taken port leaves no half-started set behind.
-  for port in "${todo[@]}"; do launch "$port"; done
+  for i in "${todo[@]}"; do launch "$((base + i))" "$i"; done
   local t0=$SECONDS
   wait_ready "${ports[@]}"
   log "${#ports[@]} server(s) ready in $((SECONDS - t0)) s"

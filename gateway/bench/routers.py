@@ -24,6 +24,7 @@ import yaml
 
 from gateway.bench import cluster
 
+SIM_MODEL = "sim-model"
 ROUTERS = Path("/work/peers/routers/bin")
 """Where deploy/bench/peers.sh installs the peer routers (--routers overrides it; a router
 missing there is looked up on PATH)."""
@@ -84,16 +85,22 @@ class Front:
 
 @contextlib.asynccontextmanager
 async def front_of(
-    setup: Setup, urls: list[str], logs: Path, routers: Path, routing: Mapping[str, Any]
+    setup: Setup,
+    urls: list[str],
+    logs: Path,
+    routers: Path,
+    settings: Mapping[str, Mapping[str, Any]],
+    model: str = SIM_MODEL,
 ) -> AsyncIterator[Front]:
-    """Start the setup's router in front of urls; ``routing``: extra gateway settings."""
+    """Start the setup's router in front of urls, which serve ``model``; ``settings``:
+    extra gateway settings by section (``{"routing": {...}}``)."""
     if setup.router == "none":
         yield Front(urls[0])
         return
     port = cluster.free_ports(1)
     url = f"http://127.0.0.1:{port}"
     if setup.router == "gateway":
-        config, ledger = gateway_config(setup.args[0], urls, port, routing, logs)
+        config, ledger = gateway_config(setup.args[0], urls, port, logs, settings, model)
         cmd = [sys.executable, "-m", "gateway", "serve", "--config", str(config)]
         async with cluster.process("gateway", cmd, f"{url}/health", logs):
             yield Front(url, gateway=True, ledger=ledger)
@@ -119,22 +126,29 @@ def rust_router(setup: Setup, urls: list[str], port: int, routers: Path) -> list
 
 
 def gateway_config(
-    policy: str, urls: list[str], port: int, routing: Mapping[str, Any], logs: Path
+    policy: str,
+    urls: list[str],
+    port: int,
+    logs: Path,
+    settings: Mapping[str, Mapping[str, Any]],
+    model: str,
 ) -> tuple[Path, Path]:
     """A config file for `gateway serve`: the cluster as one model, the ledger in logs."""
     ledger = logs / "ledger.db"
-    config = {
+    config: dict[str, Any] = {
         "server": {"host": "127.0.0.1", "port": port, "log_level": "warning"},
         "models": [
             {
-                "name": "sim-model",
+                "name": model,
                 "backends": [{"url": u, "name": "sim-" + u.rsplit(":", 1)[1]} for u in urls],
             }
         ],
-        "routing": {"policy": policy, **routing},
+        "routing": {"policy": policy},
         "database": {"url": f"sqlite:///{ledger}"},
         "ledger": {"spool_dir": str(logs / "spool")},
     }
+    for section, values in settings.items():
+        config[section] = {**config.get(section, {}), **values}
     path = logs / "gateway.yaml"
     path.write_text(yaml.safe_dump(config))
     return path, ledger

@@ -99,7 +99,7 @@ async def measure(setup: Setup, scenario: zoo.Scenario, seed: int, bench: Bench)
                        steady_after=max(1, round(rate * warmup)))  # fmt: skip
         async with (
             cluster.simulators(instances, blocks, logs, *sim) as urls,
-            front_of(setup, urls, logs, bench.routers, bench.gateway_routing) as front,
+            front_of(setup, urls, logs, bench.routers, {"routing": bench.gateway_routing}) as front,
         ):
             async with asyncio.TaskGroup() as tg:
                 replay = tg.create_task(run(scenario.workload, Target(f"{front.url}/v1"), opts))
@@ -159,10 +159,15 @@ def imbalance(counts: dict[str, int]) -> float | None:
 
 
 async def campaign(
-    scenarios: Sequence[zoo.Scenario], setups: Sequence[Setup], seeds: Sequence[int], bench: Bench
+    scenarios: Sequence[zoo.Scenario],
+    setups: Sequence[Setup],
+    seeds: Sequence[int],
+    bench: Bench,
+    save: Path | None = None,
 ) -> list[Result]:
     """Every setup on every scenario and seed; every other seed runs the setups in reverse
-    order, so no configuration always runs first (or last) on a drifting machine."""
+    order, so no configuration always runs first (or last) on a drifting machine. The
+    results so far are saved after every run: an hour's campaign cut short keeps them."""
     results = []
     for n, seed in enumerate(seeds):
         order = setups if n % 2 == 0 else list(reversed(setups))
@@ -171,7 +176,15 @@ async def campaign(
                 result = await measure(setup, scenario, seed, bench)
                 print(judge.line(result), file=sys.stderr, flush=True)
                 results.append(result)
+                if save is not None:
+                    write_json(save, results)
     return results
+
+
+def write_json(path: Path, results: Sequence[Result]) -> None:
+    """A few kilobytes between runs: blocking the loop for it costs no measurement."""
+    rows = [asdict(r) for r in results]
+    path.write_bytes(orjson.dumps(rows, option=orjson.OPT_INDENT_2))
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -242,10 +255,7 @@ def execute(args: argparse.Namespace) -> int:
     else:
         setups = [SETUPS[name] for name in args.configs]
         seeds = args.seeds[:1] if args.quick else args.seeds
-        results = asyncio.run(campaign(chosen(args), setups, seeds, bench_from(args)))
-        if args.json:
-            rows = [asdict(r) for r in results]
-            args.json.write_bytes(orjson.dumps(rows, option=orjson.OPT_INDENT_2))
+        results = asyncio.run(campaign(chosen(args), setups, seeds, bench_from(args), args.json))
     checks = judge.judge(results)
     print(judge.render(results))
     print(judge.render_misses(results))
