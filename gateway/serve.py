@@ -3,15 +3,24 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import logging
+import math
 import os
 import shutil
+import signal
 import sys
 import tempfile
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from gateway.api.openai import ProxyEndpoints
 from gateway.app import create_app
 from gateway.settings import Settings, SettingsError, load_settings
+
+if TYPE_CHECKING:
+    import uvicorn
 
 CONFIG_ENV = "GATEWAY_CONFIG_FILE"
 """How worker processes learn the config file the parent was given."""
@@ -47,6 +56,7 @@ def run(args: argparse.Namespace) -> int:
         "access_log": False,
         "log_level": settings.server.log_level,
         "lifespan": "on",
+        "timeout_graceful_shutdown": math.ceil(settings.server.drain_timeout),
     }
     if settings.server.workers > 1:
         # Workers rebuild the app from the same config file and the same overrides.
@@ -61,8 +71,36 @@ def run(args: argparse.Namespace) -> int:
         finally:
             shutil.rmtree(metrics_dir, ignore_errors=True)
     else:
-        uvicorn.run(create_app(settings), **options)
+        draining_server(uvicorn.Config(create_app(settings), **options)).run()
     return 0
+
+
+def draining_server(config: uvicorn.Config) -> uvicorn.Server:
+    """uvicorn's server, stopped by SIGTERM or SIGINT as uvicorn stops it (no new
+    connections, calls in flight finish within server.drain_timeout, then the lifespan
+    closes the services and the ledger writes what it holds), but ending with exit status 0.
+
+    uvicorn raises the signal again once it has shut down, so the process dies by it
+    (status 143 for SIGTERM) even after a clean drain, and an orchestrator or supervisor
+    reads that as a crash. Here the signals only ask the server to stop."""
+    import uvicorn
+
+    class DrainingServer(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            loop = asyncio.get_running_loop()
+            for sig in STOP_SIGNALS:
+                loop.add_signal_handler(sig, self.handle_exit, sig, None)
+            try:
+                yield
+            finally:
+                for sig in STOP_SIGNALS:
+                    loop.remove_signal_handler(sig)
+
+    return DrainingServer(config)
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 def worker_app() -> ProxyEndpoints:

@@ -32,6 +32,10 @@ class ServerSettings(Section):
     """Requests with a larger body are refused with 413 before they are parsed."""
     log_level: str = "info"
     access_log: bool = True
+    drain_timeout: float = Field(50.0, ge=0)
+    """Seconds a SIGTERM (or SIGINT) waits for calls in flight to finish before cutting them
+    off; then the ledger is flushed and the process exits 0. 50 s fits inside Kubernetes'
+    terminationGracePeriodSeconds of 60 (deploy/k8s) with time left for the flush."""
     gc_freeze: bool = True
     """Move everything alive once started (modules, settings, tokenizer tables: ~146k
     objects) out of the garbage collector's sight. Its full collections walked them all,
