@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
@@ -14,9 +15,11 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
+from gateway import pipeline
 from gateway.api import admin, openai, ops
 from gateway.api.openai import ProxyEndpoints, error_response
-from gateway.errors import GatewayError, InvalidRequest, NotFound
+from gateway.errors import GatewayError, InternalError, InvalidRequest, NotFound
+from gateway.flow import Call
 from gateway.services import Services
 from gateway.settings import Settings
 
@@ -85,6 +88,16 @@ def _field(error: Mapping[str, Any]) -> str:
 
 
 async def _unexpected_error(request: Request, exc: Exception) -> Response:
-    # Logged in full for the operator; the client gets no traceback.
-    log.exception("unexpected error on %s", request.url.path)
-    return error_response(GatewayError("The gateway failed to handle the request."))
+    """A bug in a route: logged in full for the operator, counted as a 500 and given an
+    access line like a proxied call's (no ledger row: no model was called); the client
+    gets no traceback. Starlette raises the exception again afterwards, for the server."""
+    call = Call(id=os.urandom(12).hex(), path=request.url.path)
+    log.exception("unexpected error on %s (request %s)", call.path, call.id)
+    failure = InternalError()
+    call.status, call.error_type = failure.status, failure.type
+    services: Services | None = getattr(request.app.state, "services", None)
+    if services is not None and services.settings.metrics_enabled:
+        pipeline.record_metrics(call, services, None)
+    pipeline.log_access(call, None)
+    failure.headers["x-request-id"] = call.id
+    return error_response(failure)

@@ -46,6 +46,13 @@ class GatewayError(Exception):
         return orjson.dumps(self.body())
 
 
+class InternalError(GatewayError):
+    """A failure of the gateway's own (a bug): the details go to the log, never to the client."""
+
+    def __init__(self) -> None:
+        super().__init__("The gateway failed to handle the request.")
+
+
 class InvalidRequest(GatewayError):
     status = 400
     type = "invalid_request_error"

@@ -17,7 +17,7 @@ from starlette.types import Receive
 from gateway import batching
 from gateway.backends import Backend, Model
 from gateway.batching import Answer
-from gateway.errors import GatewayError
+from gateway.errors import GatewayError, InternalError
 from gateway.flow import Call, Endpoint, Route
 from gateway.index import feedback
 from gateway.ledger.models import to_usd
@@ -25,6 +25,7 @@ from gateway.services import Services
 from gateway.stages import auth, forward, limits, parse, usage
 from gateway.stages.forward import ClientWatch, EventScanner, StreamRelay, Unreachable
 
+log = logging.getLogger(__name__)
 access_log = logging.getLogger("gateway.access")
 
 OVERHEAD_HEADER = "x-gateway-overhead-ms"
@@ -69,14 +70,24 @@ async def handle(
             return with_quota(call, relay)
         raw = await forward.read_body(upstream, backend)
     except GatewayError as exc:
-        call.status, call.error_type = exc.status, exc.type
-        exc.headers["x-request-id"] = call.id
-        finish(call, svc)
+        failed(call, svc, exc)
         raise
+    except Exception as exc:
+        log.exception("unexpected error on %s (request %s)", call.path, call.id)
+        raise failed(call, svc, InternalError()) from exc
     call.done_at = time.perf_counter()
     call.usage, call.reply = usage.from_body(raw)
     headers[OVERHEAD_HEADER] = milliseconds(finish(call, svc))
     return with_quota(call, Response(raw, media_type="application/json", headers=headers))
+
+
+def failed(call: Call, svc: Services, exc: GatewayError) -> GatewayError:
+    """Account for a call that ends in an error (ledger row, metrics, access line) and
+    return the error to answer it with, marked with the call's id."""
+    call.status, call.error_type = exc.status, exc.type
+    exc.headers["x-request-id"] = call.id
+    finish(call, svc)
+    return exc
 
 
 def with_quota(call: Call, response: Response) -> Response:

@@ -20,7 +20,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from gateway import pipeline
-from gateway.errors import GatewayError, PayloadTooLarge
+from gateway.errors import GatewayError, InternalError, PayloadTooLarge
 from gateway.flow import Call, Endpoint
 from gateway.services import Services
 from gateway.stages import auth
@@ -75,19 +75,33 @@ class ProxyEndpoints:
             headers=headers,
         )
         try:
-            body = await read_body(receive, headers, svc.settings.server.max_body_bytes)
-            if body is None:
-                return  # the client left before sending its whole body
-            response = await pipeline.handle(call, body, endpoint, svc, receive)
-        except GatewayError as exc:
-            exc.headers["x-request-id"] = call.id
-            response = error_response(exc)
+            response = await respond(call, receive, endpoint, svc)
         except Exception:
+            # Only a failure in the accounting itself gets here: pipeline.handle turns
+            # every other one into an accounted error.
             log.exception("unexpected error on %s (request %s)", scope["path"], call.id)
-            failure = GatewayError("The gateway failed to handle the request.")
+            failure = InternalError()
             failure.headers["x-request-id"] = call.id
             response = error_response(failure)
-        await response(scope, receive, send)
+        if response is not None:
+            await response(scope, receive, send)
+
+
+async def respond(
+    call: Call, receive: Receive, endpoint: Endpoint, svc: Services
+) -> Response | None:
+    """The call's response, an error one included; None if the client left before sending
+    its whole body. Every error is accounted for (ledger row, metrics, access line)."""
+    try:
+        body = await read_body(receive, call.headers, svc.settings.server.max_body_bytes)
+    except GatewayError as exc:
+        return error_response(pipeline.failed(call, svc, exc))
+    if body is None:
+        return None
+    try:
+        return await pipeline.handle(call, body, endpoint, svc, receive)
+    except GatewayError as exc:
+        return error_response(exc)
 
 
 async def read_body(receive: Receive, headers: dict[str, str], limit: int) -> bytes | None:

@@ -1,0 +1,131 @@
+"""A bug anywhere in a call's way is seen: an OpenAI-shaped 500 without the traceback,
+the traceback in the log, a count in gateway_requests_total, an access line, and for a
+proxied call its ledger row.
+
+The whole app (create_app, its lifespan and Services, the embedded simulator, a SQLite
+ledger) runs in process; the bug is put in through a seam: a Services component whose
+method raises.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from gateway.app import create_app
+from gateway.services import Services
+from gateway.settings import Settings
+
+MODEL = "sim-model"
+SECRET = "the-internal-detail-nobody-may-see"
+
+
+class Exploding:
+    """Stands in for a Services component: the named method raises, the rest pass through."""
+
+    def __init__(self, inner: object, method: str) -> None:
+        self._inner, self._method = inner, method
+
+    def __getattr__(self, name: str) -> Any:
+        if name == self._method:
+            raise RuntimeError(SECRET)
+        return getattr(self._inner, name)
+
+
+@dataclass
+class Gateway:
+    client: httpx.AsyncClient
+    services: Services
+    ledger_db: Path
+
+
+@pytest.fixture
+async def gateway(tmp_path: Path) -> AsyncIterator[Gateway]:
+    settings = Settings(
+        database={"url": f"sqlite:///{tmp_path}/ledger.db"},  # type: ignore[arg-type]
+        ledger={"spool_dir": str(tmp_path / "spool")},  # type: ignore[arg-type]
+    )
+    app = create_app(settings)
+    # Starlette raises a route's exception again once it has answered (for the server's
+    # log); the transport must not hand it to the test as the response.
+    transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+    async with (
+        app.app.router.lifespan_context(app.app),
+        httpx.AsyncClient(transport=transport, base_url="http://gw") as client,
+    ):
+        yield Gateway(client, app.app.state.services, tmp_path / "ledger.db")
+
+
+def requests_total(svc: Services, **labels: str) -> float:
+    return svc.registry.get_sample_value("gateway_requests_total", labels) or 0.0
+
+
+def access_lines(caplog: pytest.LogCaptureFixture) -> list[dict[str, Any]]:
+    return [orjson.loads(r.getMessage()) for r in caplog.records if r.name == "gateway.access"]
+
+
+def assert_hidden_500(resp: httpx.Response) -> None:
+    assert resp.status_code == 500
+    assert resp.json() == {
+        "error": {
+            "message": "The gateway failed to handle the request.",
+            "type": "internal_error",
+            "param": None,
+            "code": None,
+        }
+    }
+    assert SECRET not in resp.text
+    assert "Traceback" not in resp.text
+    assert resp.headers["x-request-id"]
+
+
+async def test_a_bug_in_a_proxied_call_is_answered_logged_counted_and_metered(
+    gateway: Gateway, caplog: pytest.LogCaptureFixture
+) -> None:
+    svc = gateway.services
+    svc.policy = Exploding(svc.policy, "choose")  # type: ignore[assignment]
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 2}
+    with caplog.at_level(logging.INFO):
+        resp = await gateway.client.post("/v1/chat/completions", json=body)
+
+    assert_hidden_500(resp)
+    [traceback] = [r for r in caplog.records if r.exc_info is not None]
+    assert SECRET in caplog.text
+    assert traceback.name == "gateway.pipeline"
+    labels = {"model": MODEL, "endpoint": "chat", "status": "500", "error_type": "internal_error"}
+    assert requests_total(svc, **labels) == 1
+    [line] = access_lines(caplog)
+    assert (line["status"], line["error"], line["model"]) == (500, "internal_error", MODEL)
+    await svc.ledger.aclose()  # writes what it holds (the lifespan's close is then a no-op)
+    with sqlite3.connect(gateway.ledger_db) as conn:
+        rows = conn.execute("SELECT status, error_type, model FROM ledger").fetchall()
+    assert rows == [(500, "internal_error", MODEL)]
+
+
+async def test_a_bug_in_an_ordinary_route_is_answered_logged_and_counted(
+    gateway: Gateway, caplog: pytest.LogCaptureFixture
+) -> None:
+    svc = gateway.services
+    real = svc.index
+    svc.index = Exploding(real, "size")  # type: ignore[assignment]
+    try:
+        with caplog.at_level(logging.INFO):
+            resp = await gateway.client.get("/metrics")
+    finally:
+        svc.index = real
+
+    assert_hidden_500(resp)
+    assert any(r.exc_info is not None and r.name == "gateway.app" for r in caplog.records)
+    labels = {"model": "", "endpoint": "", "status": "500", "error_type": "internal_error"}
+    assert requests_total(svc, **labels) == 1
+    [line] = access_lines(caplog)
+    assert (line["status"], line["error"]) == (500, "internal_error")
+    assert (await gateway.client.get("/metrics")).status_code == 200
