@@ -108,6 +108,19 @@ class BackendUnavailable(GatewayError):
     code = "backend_unavailable"
 
 
+class StoreUnavailable(GatewayError):
+    """A database the request needs (keys, reports, admin changes) cannot be reached."""
+
+    status = 503
+    type = "service_unavailable"
+    code = "store_unavailable"
+    retry_after = 5
+    """Seconds a client is told to wait (Retry-After): a fresh attempt costs the store one query."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, headers={"retry-after": str(self.retry_after)})
+
+
 class BadGateway(GatewayError):
     """The backend answered with something that is not a usable response."""
 
@@ -132,13 +145,60 @@ class ClientClosedRequest(GatewayError):
 
 
 class UpstreamError(GatewayError):
-    """A backend's own error response, passed through with its status and body."""
+    """A backend's own error response, passed through with its status and body.
+
+    Its error's type and code are kept (the access log, gateway_requests_total and the
+    ledger name them, rather than calling the backend's refusal an internal error); an
+    error in vLLM's older shape, ``{"object": "error", "message", "type", ...}``, is passed
+    on in OpenAI's, which is what clients parse."""
+
+    type = "upstream_error"
+    """When the backend names no usable type (not JSON, or not an error object)."""
 
     def __init__(self, status: int, body: bytes, content_type: str = "application/json"):
         super().__init__(f"backend returned {status}")
         self.status = status
         self.raw = body
         self.content_type = content_type
+        error, shaped = _backend_error(body)
+        if error is None:
+            return
+        self.type = _label(error.get("type")) or self.type
+        self.code = _label(error.get("code"))
+        if not shaped:
+            fields = ("message", "type", "param", "code")
+            self.raw = orjson.dumps({"error": {f: error.get(f) for f in fields}})
+            self.content_type = "application/json"
 
     def json(self) -> bytes:
         return self.raw
+
+
+def _backend_error(body: bytes) -> tuple[dict[str, Any] | None, bool]:
+    """The error object in a backend's body, and whether it is already in OpenAI's shape."""
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None, False
+    if not isinstance(data, dict):
+        return None, False
+    if isinstance(data.get("error"), dict):
+        return data["error"], True
+    if data.get("object") == "error":
+        return data, False
+    return None, False
+
+
+def _label(value: object) -> str | None:
+    """A backend's type or code as a metric label and ledger value: a short word, or None
+    (whatever else a backend sends must not become a label of its own)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = str(value)
+    if (
+        isinstance(value, str)
+        and 0 < len(value) <= 40
+        and value.replace("_", "").isalnum()
+        and value.isascii()
+    ):
+        return value
+    return None

@@ -195,6 +195,12 @@ class AuthSettings(Section):
     """HMAC key for stored API-key hashes; changing it invalidates every issued key."""
     cache_ttl: float = 5.0
     """Seconds a key lookup (found or not) is trusted: how long a disabled key keeps working."""
+    stale_for: float = Field(3600.0, ge=0)
+    """While the key store (the database) fails, a key it confirmed within this many
+    seconds keeps working from that record; keys it cannot vouch for get 503. An hour
+    covers an outage someone is paged for and fixes; a key cannot be disabled while the
+    store is down anyway, and expiry is still checked. Past it, the gateway stops trusting
+    what it last read. 0: no key works once the store fails and its cache_ttl has passed."""
     cache_size: int = Field(100_000, ge=1)
     """Key lookups remembered (the longest loaded beyond it are forgotten)."""
     ratelimit_headers: bool = False

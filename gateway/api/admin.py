@@ -3,27 +3,30 @@
 Every route needs ``Authorization: Bearer <auth.admin_key>``: a missing key answers 401,
 a wrong one 403. With no admin key configured the admin API is disabled (403 for all):
 a "loopback only" rule would let anyone in behind a reverse proxy on the same host, and
-`gateway report` reads the ledger directly where no key is set.
+`gateway report` reads the ledger directly where no key is set. Every route works on the
+database: while it cannot be reached, each answers 503 (StoreUnavailable), never 500.
 """
 
 from __future__ import annotations
 
 import hmac
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from datetime import datetime
 from decimal import Decimal
 from typing import Annotated, Any, Literal
 
 import orjson
-from fastapi import APIRouter, Depends, Header, Query, Response
+from fastapi import APIRouter, Depends, Header, Query, Request, Response
+from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.api.openai import ServicesDep
-from gateway.errors import Forbidden, InvalidRequest, NotFound, Unauthorized
+from gateway.errors import Forbidden, InvalidRequest, NotFound, StoreUnavailable, Unauthorized
 from gateway.keys import KeyRing
 from gateway.keys.specs import KeySpec, TeamSpec
 from gateway.keys.store import TeamExists, UnknownTeam
 from gateway.ledger import Ledger
+from gateway.ledger.db import DB_ERRORS
 from gateway.ledger.prices import PriceVersion
 from gateway.ledger.report import parse_group_by, parse_when
 from gateway.settings import AuthSettings, Settings
@@ -72,8 +75,28 @@ async def _keys(svc: ServicesDep) -> KeyRing:
 KeysDep = Annotated[KeyRing, Depends(_keys)]
 
 
+class DatabaseRoute(APIRoute):
+    """A route whose handler works on the database: the seam where its connection errors
+    become StoreUnavailable (503), for every admin route at once."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def mapped(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except DB_ERRORS as exc:
+                raise StoreUnavailable("The database is unavailable; try again shortly.") from exc
+
+        return mapped
+
+
 def admin_router(settings: Settings) -> APIRouter:
-    router = APIRouter(prefix="/admin", dependencies=[Depends(admin_guard(settings.auth))])
+    router = APIRouter(
+        prefix="/admin",
+        dependencies=[Depends(admin_guard(settings.auth))],
+        route_class=DatabaseRoute,
+    )
 
     @router.get("/reports/costs")
     async def cost_report(

@@ -9,6 +9,7 @@ from starlette.responses import Response
 
 from gateway.api.openai import ServicesDep
 from gateway.metrics import render
+from gateway.readiness import readiness
 
 router = APIRouter()
 
@@ -21,17 +22,16 @@ async def health() -> Response:
 
 @router.get("/ready")
 async def ready(svc: ServicesDep) -> Response:
-    """Readiness: every model has a healthy backend and the stores answer."""
-    models = {name: sum(b.healthy for b in m.backends) for name, m in svc.backends.models.items()}
-    ok = all(models.values())
-    body = {"status": "ready" if ok else "unavailable", "healthy_backends": models}
-    return Response(orjson.dumps(body), status_code=200 if ok else 503,
-                    media_type="application/json")  # fmt: skip
+    """Readiness and what is degraded; 503 only when no call can be served (readiness.py)."""
+    serving, body = await readiness(svc)
+    status = 200 if serving else 503
+    return Response(orjson.dumps(body), status_code=status, media_type="application/json")
 
 
 @router.get("/metrics")
 async def metrics(svc: ServicesDep) -> Response:
     """Prometheus exposition; the index is measured here, off the request path."""
     svc.metrics.index_size.set(await svc.index.size())
+    svc.keys.stale()  # sets its gauges
     text = render(svc.registry, svc.settings.metrics_multiproc_dir)
     return Response(text, media_type=CONTENT_TYPE_LATEST)

@@ -4,9 +4,12 @@ Found and not-found answers are both kept for ``ttl`` seconds (a flood of one wr
 costs one query per RENEW * ttl), the longest loaded beyond ``size`` are forgotten, and
 concurrent misses for the same key share one load. An answer in the last fifth of its
 life is renewed in the background by the first caller to see it, while every caller is
-still answered from it: a key in steady use never waits for the database (before, each
-of its calls in flight waited for the query every ttl). While the database fails, an
-expired answer is served rather than locking out every key whose entry just aged.
+still answered from it: a key in steady use never waits for the database.
+
+While the database fails, a found answer the database gave within ``stale_for`` seconds
+is served as it was (renewed for another ttl each time a load fails), so an outage of the
+key store does not lock out the keys in use; past that age, and for a not-found answer
+(never a refusal for a key nobody could check), the failure is raised to the caller.
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ class Entry(Generic[V]):
     """When it stops being fresh (a clock reading)."""
     renew_at: float
     """From then on, until ``until``, the first caller renews it in the background."""
+    checked: float
+    """When the source last gave this answer (a clock reading): the age of a stale one."""
 
 
 class LookupCache(Generic[V]):
@@ -43,13 +48,19 @@ class LookupCache(Generic[V]):
         ttl: float,
         size: int,
         stale_on: tuple[type[BaseException], ...] = (),
+        stale_for: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._ttl = ttl
         self._size = size
         self._stale_on = stale_on
+        self._stale_for = stale_for
         self._clock = clock
         self._entries: OrderedDict[Hashable, Entry[V]] = OrderedDict()
+        self._stale: set[Hashable] = set()
+        """Keys answered from a record the source failed to confirm, since it failed."""
+        self._down = False
+        """The last load failed (for the log: one line when that changes)."""
         self._loading: dict[Hashable, asyncio.Future[V | None]] = {}
         self._renewals: set[asyncio.Task[V | None]] = set()
 
@@ -86,6 +97,15 @@ class LookupCache(Generic[V]):
 
     def clear(self) -> None:
         self._entries.clear()
+        self._stale.clear()
+
+    def stale(self) -> tuple[int, float]:
+        """How many answers are being served stale (the source failed to confirm them, and
+        they are within stale_for), and the age in seconds of the oldest (0 if none)."""
+        now = self._clock()
+        ages = [now - e.checked for k in self._stale if (e := self._entries.get(k))]
+        ages = [age for age in ages if age <= self._stale_for]
+        return len(ages), max(ages, default=0.0)
 
     async def aclose(self) -> None:
         """Stop the renewals on their way (at shutdown: the database is going away)."""
@@ -106,7 +126,7 @@ class LookupCache(Generic[V]):
         self._renewals.discard(task)
         with contextlib.suppress(asyncio.CancelledError):
             if (exc := task.exception()) is not None:
-                log.warning("key lookup renewal failed: %s", type(exc).__name__)
+                log.debug("key lookup renewal failed: %s", type(exc).__name__)
 
     async def _load(
         self, key: Hashable, load: Callable[[], Awaitable[V | None]], stale: Entry[V] | None
@@ -116,30 +136,59 @@ class LookupCache(Generic[V]):
         try:
             value = await load()
         except self._stale_on as exc:
-            if stale is None:
+            self._failing(exc)
+            if not self._servable(stale):
                 _fail(done, exc)
                 raise
-            log.warning("key lookup failed, serving the cached answer: %s", type(exc).__name__)
-            value = stale.value
+            assert stale is not None
+            self._stale.add(key)
+            self._put(key, stale.value, stale.checked)
+            done.set_result(stale.value)
+            return stale.value
         except BaseException as exc:
             _fail(done, exc)
             raise
         finally:
             del self._loading[key]
-        self._put(key, value)
+        self._answering()
+        self._stale.discard(key)
+        self._put(key, value, self._clock())
         done.set_result(value)
         return value
 
-    def _put(self, key: Hashable, value: V | None) -> None:
+    def _failing(self, exc: BaseException) -> None:
+        if not self._down:
+            self._down = True
+            log.warning(
+                "key lookups fail (%s: %s); keys the store answered for within %.0f s are "
+                "served from those answers",
+                type(exc).__name__,
+                exc,
+                self._stale_for,
+            )
+
+    def _answering(self) -> None:
+        if self._down:
+            self._down = False
+            log.warning("key lookups answer again")
+
+    def _servable(self, stale: Entry[V] | None) -> bool:
+        """A found answer the source gave within stale_for may stand in for it."""
+        if stale is None or stale.value is None:
+            return False
+        return self._clock() - stale.checked <= self._stale_for
+
+    def _put(self, key: Hashable, value: V | None, checked: float) -> None:
         """Insert at the end: the entries are in the order they were loaded, so the first
         is the one loaded longest ago, the one to forget when the cache is full (a hit does
         not reorder them: that bookkeeping cost more than the rest of a hit, and an entry
         must be loaded again after ttl anyway)."""
         self._entries.pop(key, None)
         now = self._clock()
-        self._entries[key] = Entry(value, now + self._ttl, now + self._ttl * RENEW)
+        self._entries[key] = Entry(value, now + self._ttl, now + self._ttl * RENEW, checked)
         while len(self._entries) > self._size:
-            self._entries.popitem(last=False)
+            forgotten, _ = self._entries.popitem(last=False)
+            self._stale.discard(forgotten)
 
 
 def _fail(done: asyncio.Future[object], exc: BaseException) -> None:

@@ -7,6 +7,8 @@ miss, or by the renewal the cache starts in the background near the end of an an
 life (then one call goes through ``authenticate``, and no call waits). A disabled key
 stops working on every replica within auth.cache_ttl, and on the replica that disabled it
 at once. Expiry is checked on every call, so an expiring key ends on time even when cached.
+While the database fails, a key it confirmed within auth.stale_for works from that record
+and any other gets 503 (never 401: nobody could check it).
 """
 
 from __future__ import annotations
@@ -16,10 +18,10 @@ import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry, Counter, Gauge
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from gateway.errors import BackendUnavailable, Unauthorized
+from gateway.errors import StoreUnavailable, Unauthorized
 from gateway.flow import ANONYMOUS, Principal
 from gateway.keys import store
 from gateway.keys.cache import LookupCache
@@ -62,13 +64,28 @@ class KeyRing:
         self._settings = settings
         self._engine = engine
         self._cache: LookupCache[Grant] = LookupCache(
-            settings.cache_ttl, settings.cache_size, stale_on=DB_ERRORS
+            settings.cache_ttl,
+            settings.cache_size,
+            stale_on=DB_ERRORS,
+            stale_for=settings.stale_for,
         )
         self._failures = Counter(
             "gateway_auth_failures",
             "Calls refused by authentication, by reason (missing, invalid, disabled, expired).",
             ["reason"],
             registry=registry,
+        )
+        self._stale_keys = Gauge(
+            "gateway_auth_stale_keys",
+            "Keys served from their last known record while the key store fails (auth.stale_for).",
+            registry=registry,
+            multiprocess_mode="livemax",
+        )
+        self._stale_age = Gauge(
+            "gateway_auth_stale_seconds",
+            "Age of the oldest key record served that way (they stop at auth.stale_for).",
+            registry=registry,
+            multiprocess_mode="livemax",
         )
 
     def announce(self, host: str) -> None:
@@ -84,6 +101,14 @@ class KeyRing:
 
     async def aclose(self) -> None:
         await self._cache.aclose()
+
+    def stale(self) -> tuple[int, float]:
+        """Keys in use served from records the store failed to confirm, and the oldest
+        record's age in seconds; also sets the gauges (read at each scrape)."""
+        keys, age = self._cache.stale()
+        self._stale_keys.set(keys)
+        self._stale_age.set(age)
+        return keys, age
 
     async def month_spend(self) -> list[store.Spend]:
         """This month's (and today's) spend per key, from the ledger: seeds the budgets."""
@@ -136,7 +161,7 @@ class KeyRing:
         try:
             return await self._cache.get(header, lambda: self._find(token))
         except DB_ERRORS as exc:
-            raise BackendUnavailable("The key store is unavailable; try again shortly.") from exc
+            raise StoreUnavailable("The key store is unavailable; try again shortly.") from exc
 
     async def _find(self, token: str) -> Grant | None:
         found = await store.find_key(self._engine, hash_secret(token, self._settings.pepper))

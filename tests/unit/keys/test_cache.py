@@ -1,4 +1,5 @@
 import asyncio
+import logging
 
 import pytest
 
@@ -86,12 +87,58 @@ async def test_size_is_bounded_longest_loaded_first() -> None:
 
 async def test_a_failing_source_serves_the_expired_answer_or_raises() -> None:
     clock, src = Clock(), Source({"a": "A"})
-    cache: LookupCache[str] = LookupCache(5.0, 10, stale_on=(OSError,), clock=clock)
+    cache: LookupCache[str] = LookupCache(5.0, 10, stale_on=(OSError,), stale_for=60, clock=clock)
     await cache.get("a", lambda: src.load("a"))
     clock.now, src.down = 10.0, True
     assert await cache.get("a", lambda: src.load("a")) == "A"
     with pytest.raises(OSError, match="database down"):
         await cache.get("b", lambda: src.load("b"))
+
+
+async def test_an_answer_is_served_stale_only_up_to_stale_for_after_the_source_gave_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock, src = Clock(), Source({"a": "A"})
+    cache: LookupCache[str] = LookupCache(5.0, 10, stale_on=(OSError,), stale_for=60, clock=clock)
+    await cache.get("a", lambda: src.load("a"))
+    src.down = True
+    for now in (6.0, 20.0, 40.0, 59.0):  # each failed load serves it for another ttl...
+        clock.now = now
+        assert await cache.get("a", lambda: src.load("a")) == "A"
+        assert cache.stale() == (1, now)  # ...but its age counts from the source's answer
+    assert caplog.text.count("key lookups fail (OSError: database down)") == 1
+    clock.now = 64.5  # served at 59 for a ttl: now older than stale_for, and due again
+    with pytest.raises(OSError, match="database down"):
+        await cache.get("a", lambda: src.load("a"))
+    src.down = False
+    assert await cache.get("a", lambda: src.load("a")) == "A"
+    assert cache.stale() == (0, 0.0)
+    assert "key lookups answer again" in caplog.text
+
+
+async def test_a_not_found_answer_is_never_served_stale() -> None:
+    clock, src = Clock(), Source({})
+    cache: LookupCache[str] = LookupCache(5.0, 10, stale_on=(OSError,), stale_for=60, clock=clock)
+    assert await cache.get("x", lambda: src.load("x")) is None
+    clock.now, src.down = 6.0, True
+    with pytest.raises(OSError, match="database down"):  # nobody could check it: not "not found"
+        await cache.get("x", lambda: src.load("x"))
+
+
+async def test_stale_counts_the_answers_served_stale_until_they_are_too_old() -> None:
+    clock, src = Clock(), Source({"a": "A", "b": "B"})
+    cache: LookupCache[str] = LookupCache(5.0, 10, stale_on=(OSError,), stale_for=60, clock=clock)
+    await cache.get("a", lambda: src.load("a"))
+    clock.now = 20.0
+    await cache.get("b", lambda: src.load("b"))
+    clock.now, src.down = 30.0, True
+    await cache.get("a", lambda: src.load("a"))
+    await cache.get("b", lambda: src.load("b"))
+    assert cache.stale() == (2, 30.0)
+    clock.now = 70.0  # "a" (confirmed at 0) is past stale_for: it is served no more
+    assert cache.stale() == (1, 50.0)
+    cache.clear()
+    assert cache.stale() == (0, 0.0)
 
 
 async def test_clear_forgets_everything() -> None:
@@ -142,6 +189,7 @@ async def test_an_answer_due_for_renewal_is_renewed_in_the_background_and_nobody
 async def test_a_failed_renewal_keeps_the_answer_until_it_expires(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
+    caplog.set_level(logging.DEBUG, logger="gateway.keys.cache")
     clock, src = Clock(), Source({"a": "A"})
     cache: LookupCache[str] = LookupCache(5.0, 10, clock=clock)
     await cache.get("a", lambda: src.load("a"))
