@@ -12,8 +12,12 @@ import os
 import socket
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from tests.integration.ledger.postgres import PrivatePostgres
 
 PG_URL = os.environ.get("GATEWAY_TEST_DATABASE_URL", "postgresql://127.0.0.1:5432/test")
 REDIS_URL = os.environ.get("GATEWAY_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -93,3 +97,17 @@ async def redis_prefix(redis_server_url: str) -> AsyncIterator[str]:
             await client.delete(*keys)
     finally:
         await client.aclose()
+
+
+@pytest.fixture
+def private_pg() -> Iterator[PrivatePostgres]:
+    """A Postgres server of this test's own, started; the test may stop and restart it."""
+    from tests.integration.ledger.postgres import PrivatePostgres
+
+    server = PrivatePostgres()
+    try:
+        server.init()
+        server.start()
+        yield server
+    finally:
+        server.remove()

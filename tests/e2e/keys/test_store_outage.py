@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import asyncpg
 import httpx
-import pytest
 
 from tests.e2e.conftest import MODEL, write_config
 from tests.e2e.keys.conftest import ADMIN, auth_sections, issue_key
@@ -24,17 +22,6 @@ from tests.servers import gateway_process
 CACHE_TTL = 1.0
 STALE_FOR = 6.0
 BODY = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
-
-
-@pytest.fixture
-def private_pg() -> Iterator[PrivatePostgres]:
-    server = PrivatePostgres()
-    try:
-        server.init()
-        server.start()
-        yield server
-    finally:
-        server.remove()
 
 
 def chat(url: str, key: str | None) -> httpx.Response:

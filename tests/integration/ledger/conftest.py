@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.ledger.postgres import PrivatePostgres, scratch_database
+from tests.integration.ledger.postgres import scratch_database
 
 
 @pytest.fixture(params=["postgresql", "sqlite"])
@@ -22,15 +22,3 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
 def pg_db_url(pg_server_url: str) -> Iterator[str]:
     with scratch_database(pg_server_url) as url:
         yield url
-
-
-@pytest.fixture
-def private_pg() -> Iterator[PrivatePostgres]:
-    """A Postgres server of this test's own, started; the test may stop and restart it."""
-    server = PrivatePostgres()
-    try:
-        server.init()
-        server.start()
-        yield server
-    finally:
-        server.remove()
