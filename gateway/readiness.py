@@ -35,7 +35,7 @@ async def readiness(svc: Services) -> tuple[bool, dict[str, Any]]:
         "limits": _limits(svc),
     }
     serving = any(m["healthy"] for m in backends.values())
-    degraded = sorted(name for name, part in parts.items() if part["status"] != "ok")
+    degraded = sorted(n for n, part in parts.items() if part["status"] not in ("ok", "off"))
     degraded += sorted(f"backends:{name}" for name, m in backends.items() if not m["healthy"])
     status = "unavailable" if not serving else "degraded" if degraded else "ready"
     body = {"status": status, "degraded": degraded, "backends": backends, **parts}
@@ -60,7 +60,7 @@ def _ledger(svc: Services, database: bool) -> dict[str, Any]:
     """ok; or spooling: rows wait on local disk for the database (down, or catching up)."""
     if not svc.settings.ledger.enabled:
         return {"status": "off"}
-    spooled = int(svc.registry.get_sample_value("gateway_ledger_spool_rows") or 0)
+    spooled = svc.ledger.spooled
     status = "ok" if database and not spooled else "spooling"
     return {"status": status, "database": _reachable(database), "spool_rows": spooled}
 

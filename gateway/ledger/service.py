@@ -129,6 +129,11 @@ class Ledger:
     async def ready(self) -> bool:
         return self._engine is not None and await ping(self._engine)
 
+    @property
+    def spooled(self) -> int:
+        """Rows waiting in the spool for the database (down, or catching up)."""
+        return self._spool.rows
+
     async def reload_prices(self) -> None:
         self._book = PriceBook(await store.load_prices(self.engine))
 

@@ -11,18 +11,14 @@ from __future__ import annotations
 
 import logging
 import sqlite3
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import httpx
 import orjson
 import pytest
 
-from gateway.app import create_app
 from gateway.services import Services
-from gateway.settings import Settings
+from tests.integration.conftest import InProcess
 
 MODEL = "sim-model"
 SECRET = "the-internal-detail-nobody-may-see"
@@ -38,30 +34,6 @@ class Exploding:
         if name == self._method:
             raise RuntimeError(SECRET)
         return getattr(self._inner, name)
-
-
-@dataclass
-class Gateway:
-    client: httpx.AsyncClient
-    services: Services
-    ledger_db: Path
-
-
-@pytest.fixture
-async def gateway(tmp_path: Path) -> AsyncIterator[Gateway]:
-    settings = Settings(
-        database={"url": f"sqlite:///{tmp_path}/ledger.db"},  # type: ignore[arg-type]
-        ledger={"spool_dir": str(tmp_path / "spool")},  # type: ignore[arg-type]
-    )
-    app = create_app(settings)
-    # Starlette raises a route's exception again once it has answered (for the server's
-    # log); the transport must not hand it to the test as the response.
-    transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
-    async with (
-        app.app.router.lifespan_context(app.app),
-        httpx.AsyncClient(transport=transport, base_url="http://gw") as client,
-    ):
-        yield Gateway(client, app.app.state.services, tmp_path / "ledger.db")
 
 
 def requests_total(svc: Services, **labels: str) -> float:
@@ -88,13 +60,13 @@ def assert_hidden_500(resp: httpx.Response) -> None:
 
 
 async def test_a_bug_in_a_proxied_call_is_answered_logged_counted_and_metered(
-    gateway: Gateway, caplog: pytest.LogCaptureFixture
+    in_process: InProcess, caplog: pytest.LogCaptureFixture
 ) -> None:
-    svc = gateway.services
+    svc = in_process.services
     svc.policy = Exploding(svc.policy, "choose")  # type: ignore[assignment]
     body = {"model": MODEL, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 2}
     with caplog.at_level(logging.INFO):
-        resp = await gateway.client.post("/v1/chat/completions", json=body)
+        resp = await in_process.client.post("/v1/chat/completions", json=body)
 
     assert_hidden_500(resp)
     [traceback] = [r for r in caplog.records if r.exc_info is not None]
@@ -105,20 +77,20 @@ async def test_a_bug_in_a_proxied_call_is_answered_logged_counted_and_metered(
     [line] = access_lines(caplog)
     assert (line["status"], line["error"], line["model"]) == (500, "internal_error", MODEL)
     await svc.ledger.aclose()  # writes what it holds (the lifespan's close is then a no-op)
-    with sqlite3.connect(gateway.ledger_db) as conn:
+    with sqlite3.connect(in_process.ledger_db) as conn:
         rows = conn.execute("SELECT status, error_type, model FROM ledger").fetchall()
     assert rows == [(500, "internal_error", MODEL)]
 
 
 async def test_a_bug_in_an_ordinary_route_is_answered_logged_and_counted(
-    gateway: Gateway, caplog: pytest.LogCaptureFixture
+    in_process: InProcess, caplog: pytest.LogCaptureFixture
 ) -> None:
-    svc = gateway.services
+    svc = in_process.services
     real = svc.index
     svc.index = Exploding(real, "size")  # type: ignore[assignment]
     try:
         with caplog.at_level(logging.INFO):
-            resp = await gateway.client.get("/metrics")
+            resp = await in_process.client.get("/metrics")
     finally:
         svc.index = real
 
@@ -128,4 +100,4 @@ async def test_a_bug_in_an_ordinary_route_is_answered_logged_and_counted(
     assert requests_total(svc, **labels) == 1
     [line] = access_lines(caplog)
     assert (line["status"], line["error"]) == (500, "internal_error")
-    assert (await gateway.client.get("/metrics")).status_code == 200
+    assert (await in_process.client.get("/metrics")).status_code == 200
