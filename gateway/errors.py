@@ -121,6 +121,19 @@ class StoreUnavailable(GatewayError):
         super().__init__(message, headers={"retry-after": str(self.retry_after)})
 
 
+class ShuttingDown(GatewayError):
+    """The server stopped the call before its answer began: its drain timeout ran out."""
+
+    status = 503
+    type = "service_unavailable"
+    code = "shutting_down"
+
+    def __init__(self) -> None:
+        super().__init__(
+            "The gateway is shutting down; send the call again.", headers={"retry-after": "1"}
+        )
+
+
 class BadGateway(GatewayError):
     """The backend answered with something that is not a usable response."""
 

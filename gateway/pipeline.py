@@ -6,6 +6,7 @@ parse -> prefix -> route (index + load) -> forward -> (stream relay | whole body
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from datetime import UTC, datetime
@@ -17,7 +18,7 @@ from starlette.types import Receive
 from gateway import batching
 from gateway.backends import Backend, Model
 from gateway.batching import Answer
-from gateway.errors import GatewayError, InternalError
+from gateway.errors import GatewayError, InternalError, ShuttingDown
 from gateway.flow import Call, Endpoint, Route
 from gateway.index import feedback
 from gateway.ledger.models import to_usd
@@ -72,6 +73,14 @@ async def handle(
     except GatewayError as exc:
         failed(call, svc, exc)
         raise
+    except asyncio.CancelledError as exc:
+        # Only the server cancels a call (a client that leaves is ClientClosedRequest): at
+        # shutdown, past server.drain_timeout. Metered, and answered 503 rather than cut
+        # off with uvicorn's plain-text 500: nothing awaits this task's cancellation, and
+        # the client may send the call to another replica.
+        if (task := asyncio.current_task()) is not None:
+            task.uncancel()
+        raise failed(call, svc, ShuttingDown()) from exc
     except Exception as exc:
         log.exception("unexpected error on %s (request %s)", call.path, call.id)
         raise failed(call, svc, InternalError()) from exc

@@ -96,6 +96,8 @@ def send(url: str, stream: bool) -> tuple[int, int]:
                     tokens = event["usage"]["completion_tokens"]
             return resp.status_code, tokens
     resp = httpx.post(url + "/v1/completions", json=body, timeout=30)
+    if resp.status_code != 200:
+        return resp.status_code, 0
     return resp.status_code, resp.json()["usage"]["completion_tokens"]
 
 
@@ -130,11 +132,14 @@ def test_sigterm_lets_calls_in_flight_finish_meters_them_and_exits_0(
     assert "Traceback" not in output
 
 
-def test_a_call_beyond_the_drain_timeout_is_cut_and_still_metered(sim: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "whole"])
+def test_a_call_beyond_the_drain_timeout_is_cut_and_still_metered(
+    sim: str, tmp_path: Path, stream: bool
+) -> None:
     config = write_config(tmp_path / "g.yaml", [sim], server={"drain_timeout": 0})
     with gateway(config) as (proc, url, log):
         results: list[tuple[int, int]] = []
-        caller = threading.Thread(target=call, args=(url, True, results))
+        caller = threading.Thread(target=call, args=(url, stream, results))
         caller.start()
         deadline = time.monotonic() + 10
         while in_flight(url) < 1 and time.monotonic() < deadline:
@@ -145,7 +150,10 @@ def test_a_call_beyond_the_drain_timeout_is_cut_and_still_metered(sim: str, tmp_
         output = log.read_text(errors="replace")
 
     assert status == 0, output
-    assert results == [(0, 0)]  # the stream was cut before its end
     rows = ledger(tmp_path / "ledger.db")
+    # Cut before its end: a stream mid-way, a whole answer with 503 (shutting_down).
+    assert results == [(0, 0) if stream else (503, 0)]
     assert len(rows) == 1, output
     assert rows[0][2] < MAX_TOKENS  # cut off: metered for what it produced
+    if not stream:
+        assert rows[0][0] == 503
