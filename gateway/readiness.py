@@ -3,8 +3,8 @@
 The rule for the status code: 503 only when the gateway can serve no call at all, i.e. no
 model has a healthy backend. A store outage the gateway works around is 200 with status
 "degraded" and the part named: the ledger spools rows to local disk, keys it confirmed
-recently work from their records, routing goes on without the shared index, limits do
-what limits.on_outage says. Every replica shares those stores, so failing readiness for
+recently work from their records, routing goes on without the shared index, the limits
+are enforced as their outage rule says. Every replica shares those stores, so failing readiness for
 them would take every replica out of its Service at once and turn a degraded gateway into
 no gateway; a backend-less replica, though, has nothing to offer a call.
 
