@@ -36,6 +36,34 @@ CIRCUIT_VALUE: dict[Circuit, int] = {"closed": 0, "open": 1, "half_open": 2}
 """The value of gateway_backend_circuit_state for each state."""
 
 
+class Cut:
+    """Lets a task's wait be interrupted from outside, told apart from any other
+    cancellation: ``cut`` cancels the task; where it catches the CancelledError,
+    ``caught`` says whether it was this cut (and undoes the cancellation if so).
+
+    The bookkeeping of ``asyncio.timeout`` without its timer: it costs a call nothing
+    beyond this object unless it is cut.
+    """
+
+    __slots__ = ("_cancelling", "_task", "reason")
+
+    def __init__(self) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._task = task
+        self._cancelling = task.cancelling()
+        self.reason: str | None = None
+
+    def cut(self, reason: str) -> None:
+        """Only while the task waits in the region this cut guards."""
+        if self.reason is None:
+            self.reason = reason
+            self._task.cancel()
+
+    def caught(self) -> bool:
+        return self.reason is not None and self._task.uncancel() <= self._cancelling
+
+
 @dataclass(slots=True, eq=False)
 class Backend:
     name: str
@@ -50,8 +78,8 @@ class Backend:
     """Failed calls in a row (the circuit breaker's count)."""
     ejected_until: float = 0.0
     """Monotonic time before which an ejected backend stays out whatever its probes say."""
-    waits: set[asyncio.Timeout] = field(default_factory=set)
-    """Calls waiting for their answer to begin: an ejection expires them at once."""
+    waits: set[Cut] = field(default_factory=set)
+    """Calls waiting for their answer to begin: an ejection cuts them at once."""
     in_flight: int = 0
     waiting: int = 0
     """vLLM's own queue (`vllm:num_requests_waiting`), from the last scrape."""
@@ -217,10 +245,8 @@ class BackendPool:
         self._metrics.ejections.labels(backend.name, reason).inc()
         if not self._elsewhere(backend):
             return
-        now = asyncio.get_running_loop().time()
         for wait in list(backend.waits):
-            if not wait.expired():
-                wait.reschedule(now)
+            wait.cut("ejected")
 
     def _elsewhere(self, backend: Backend) -> bool:
         """Whether a healthy backend serves one of this one's models."""

@@ -24,7 +24,7 @@ from gateway.index import feedback
 from gateway.ledger.models import to_usd
 from gateway.services import Services
 from gateway.stages import auth, forward, limits, parse, usage
-from gateway.stages.forward import ClientWatch, EventScanner, StreamRelay, Unreachable
+from gateway.stages.forward import EventScanner, StreamRelay, Unreachable
 
 log = logging.getLogger(__name__)
 access_log = logging.getLogger("gateway.access")
@@ -40,7 +40,7 @@ async def handle(
     """Take a call from its raw body to the response the client gets.
 
     ``receive`` is the client connection's ASGI receive: while the call waits for its
-    answer to begin, a client that disconnects cuts the wait (ClientWatch).
+    answer to begin, a client that disconnects cuts the wait (forward.ClientWatch).
     """
     try:
         call.principal = auth.known(call.headers, svc.keys) or await auth.authenticate(
@@ -55,7 +55,7 @@ async def handle(
         if waiting is not None:  # the shared store must answer (most calls need not wait)
             await waiting
         payload = forward.upstream_body(call.request, model.upstream_name, body)
-        async with ClientWatch(call, receive):
+        async with svc.upstream.watch(call, receive):
             backend, upstream = await svc.batching.submit(
                 call, model, payload, lambda c, body, pin: dispatch(c, model, body, svc, pin)
             )

@@ -20,7 +20,7 @@ from gateway.flow import Call, Request
 from gateway.metrics import GatewayMetrics
 from gateway.pipeline import dispatch
 from gateway.settings import load_settings
-from gateway.stages.forward import ClientWatch, Upstream
+from gateway.stages.forward import Upstream
 from tests.unit import loopback
 
 
@@ -167,7 +167,7 @@ async def test_a_client_leaving_before_its_answer_began_aborts_the_upstream_call
         c, client = call(stream), Client()
 
         async def wait() -> None:
-            async with ClientWatch(c, client.receive):
+            async with svc.upstream.watch(c, client.receive):
                 await dispatch(c, svc.backends.model("m"), payload(stream), svc)
 
         waiting = asyncio.create_task(wait())
@@ -187,9 +187,9 @@ async def test_a_client_leaving_before_its_answer_began_aborts_the_upstream_call
 async def test_a_prompt_answer_never_starts_a_watcher() -> None:
     async with loopback.backends("ok") as (ok,), gateway([ok.url]) as svc:
         c, client = call(False), Client()
-        async with ClientWatch(c, client.receive):
+        async with svc.upstream.watch(c, client.receive):
             await dispatch(c, svc.backends.model("m"), payload(False), svc)
-        await asyncio.sleep(0.2)  # past the watcher's start, had it been left armed
+        await asyncio.sleep(0.3)  # past two sweeps, had it been left among the waiting
     assert client.receives == 0
     assert not c.disconnected
 
