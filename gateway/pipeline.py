@@ -55,7 +55,7 @@ async def handle(
         if waiting is not None:  # the shared store must answer (most calls need not wait)
             await waiting
         payload = forward.upstream_body(call.request, model.upstream_name, body)
-        async with svc.upstream.watch(call, receive):
+        with svc.upstream.watch(call, receive):
             backend, upstream = await svc.batching.submit(
                 call, model, payload, lambda c, body, pin: dispatch(c, model, body, svc, pin)
             )

@@ -102,7 +102,7 @@ class Upstream:
             await self._session.close()
 
     def watch(self, call: Call, receive: Receive) -> ClientWatch:
-        """A ClientWatch for the call's wait for its answer (``async with``)."""
+        """A ClientWatch for the call's wait for its answer (``with``)."""
         return ClientWatch(call, receive, self._waiting)
 
     async def _sweep(self) -> None:
@@ -248,11 +248,11 @@ class ClientWatch:
         self._task: asyncio.Task[None] | None = None
         self._cut: Cut | None = None
 
-    async def __aenter__(self) -> None:
+    def __enter__(self) -> None:
         self._cut = Cut()
         self._waiting.add(self)
 
-    async def __aexit__(
+    def __exit__(
         self,
         exc_type: type[BaseException] | None,
         exc: BaseException | None,

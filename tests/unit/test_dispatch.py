@@ -167,7 +167,7 @@ async def test_a_client_leaving_before_its_answer_began_aborts_the_upstream_call
         c, client = call(stream), Client()
 
         async def wait() -> None:
-            async with svc.upstream.watch(c, client.receive):
+            with svc.upstream.watch(c, client.receive):
                 await dispatch(c, svc.backends.model("m"), payload(stream), svc)
 
         waiting = asyncio.create_task(wait())
@@ -187,7 +187,7 @@ async def test_a_client_leaving_before_its_answer_began_aborts_the_upstream_call
 async def test_a_prompt_answer_never_starts_a_watcher() -> None:
     async with loopback.backends("ok") as (ok,), gateway([ok.url]) as svc:
         c, client = call(False), Client()
-        async with svc.upstream.watch(c, client.receive):
+        with svc.upstream.watch(c, client.receive):
             await dispatch(c, svc.backends.model("m"), payload(False), svc)
         await asyncio.sleep(0.3)  # past two sweeps, had it been left among the waiting
     assert client.receives == 0
