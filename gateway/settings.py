@@ -69,10 +69,11 @@ class UpstreamSettings(Section):
     it back on probation, where its first failure ejects it again. One ejected by a probe
     is back at the next good probe."""
     max_connections: int = 1000
-    health_interval: float = 0.5
+    health_interval: float = 0.75
     health_timeout: float = 1.0
     """A probe unanswered this long ejects the backend: with the interval, a hung backend
-    is taken out within 1.5 s."""
+    is taken out within 1.75 s. Keep it above the backends' worst /health latency under
+    load (vLLM answers /health from its API server's event loop)."""
     metrics_interval: float = 1.0
     """How often each backend's /metrics is scraped for its queue and KV-cache load."""
 

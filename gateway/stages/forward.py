@@ -220,10 +220,10 @@ class Begun:
         self._resp.close()
 
 
-WATCH_AFTER = 0.1
+WATCH_AFTER = 0.25
 """Seconds between sweeps of the calls waiting for their answer: one still waiting at two
 sweeps in a row starts watching its client. An answer that comes sooner costs no watcher
-task and no timer, and a client that leaves is noticed at most 0.2 s late."""
+task and no timer, and a client that leaves is noticed at most 0.5 s late."""
 
 
 class ClientWatch:

@@ -189,7 +189,7 @@ async def test_a_prompt_answer_never_starts_a_watcher() -> None:
         c, client = call(False), Client()
         with svc.upstream.watch(c, client.receive):
             await dispatch(c, svc.backends.model("m"), payload(False), svc)
-        await asyncio.sleep(0.3)  # past two sweeps, had it been left among the waiting
+        await asyncio.sleep(0.6)  # past two sweeps, had it been left among the waiting
     assert client.receives == 0
     assert not c.disconnected
 
