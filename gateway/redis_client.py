@@ -17,7 +17,8 @@ def connect(settings: RedisSettings, timeout: float) -> Redis | RedisCluster:
     """A client with no retries of its own: its caller decides what a failure means.
 
     A failing Redis must cost one `timeout`, after which the index falls back to its
-    in-process copy and the limits fail open.
+    in-process copy and the limits count a timeout (limits/redis.py: a few in a row, or
+    a refused connection, and they act as limits.on_outage says).
     """
     assert settings.url is not None
     options = {

@@ -151,10 +151,12 @@ class RedisSettings(Section):
     """None: the in-process index and limits (the embedded default)."""
     key_prefix: str = "gw:"
     timeout: float = 0.05
+    """Seconds a prefix-index lookup may take before routing goes on without it (the
+    limiter's rounds have their own, longer deadline: limits.redis_timeout)."""
     cluster: bool = False
     """The URL names a node of a Redis Cluster."""
     probe_interval: float = 1.0
-    """While Redis is failing, how often the index probes it to recover."""
+    """While Redis is failing, how often the index and the limiter probe it to recover."""
     queue_size: int = Field(10000, ge=1)
     """Index updates waiting for the background flusher; the oldest are dropped beyond it."""
     lease_period: float = Field(1.0, gt=0)
@@ -166,6 +168,39 @@ class RedisSettings(Section):
     send is a Redis round that costs the gateway far more under load than alone: at 50 ms
     (20 a second) they took 4-5% of a busy gateway's CPU, at 250 ms about 1%; the price is
     that other replicas see this one's spend up to that much later."""
+
+
+class LimitsSettings(Section):
+    """The shared (Redis) rate limits and budgets when Redis is slow or unreachable.
+
+    A slow round is not an outage: most calls never wait on Redis (they spend leases, see
+    limits/redis.py), so a round may take up to ``redis_timeout``, and one that times out
+    is sent again; only ``outage_after`` timeouts in a row, or a real failure (connection
+    refused or reset, an error reply), declare Redis unreachable. Then ``on_outage`` says
+    what the limits do until a probe (every redis.probe_interval) finds Redis again, when
+    shared enforcement resumes by itself:
+
+    - ``local`` (the default): each replica enforces its share of every limit, the limit
+      divided by the number of replicas it last saw registered in Redis (at least 1 a
+      minute), starting from what the shared bucket held when it last heard from Redis;
+      a budget, a share of what was left of it. Traffic goes on and the replicas together
+      stay within the limits, so neither a tenant's calls nor the backends' capacity are
+      at the mercy of an outage of the limits' store.
+    - ``closed``: calls of keys that have limits or budgets are refused with 503 (calls of
+      keys without any pass): nothing can be overspent, nobody limited is served.
+    - ``open``: every call passes unlimited (availability over enforcement).
+
+    gateway_limits_degraded{mode} is 1 while limits are not shared (alert:
+    GatewayLimitsDegraded).
+    """
+
+    on_outage: Literal["local", "closed", "open"] = "local"
+    redis_timeout: float = Field(1.0, gt=0)
+    """Seconds one limiter round (grants and settles in one pipeline) may take. Calls
+    rarely wait on a round, so a long deadline costs nothing while Redis answers, and a
+    busy event loop is not taken for a dead Redis."""
+    outage_after: int = Field(3, ge=1)
+    """Rounds in a row that time out before Redis counts as unreachable."""
 
 
 class DatabaseSettings(Section):
@@ -260,6 +295,7 @@ class Settings(BaseSettings):
     prefix: PrefixSettings = PrefixSettings()
     routing: RoutingSettings = RoutingSettings()
     redis: RedisSettings = RedisSettings()
+    limits: LimitsSettings = LimitsSettings()
     database: DatabaseSettings = DatabaseSettings()
     ledger: LedgerSettings = LedgerSettings()
     auth: AuthSettings = AuthSettings()

@@ -25,4 +25,5 @@ def open_limiter(settings: Settings, metrics: LimitMetrics) -> Limiter:
     from gateway.limits.redis import RedisLimiter
     from gateway.redis_client import connect
 
-    return RedisLimiter(connect(settings.redis, settings.redis.timeout), settings.redis, metrics)
+    client = connect(settings.redis, settings.limits.redis_timeout)
+    return RedisLimiter(client, settings.redis, settings.limits, metrics)

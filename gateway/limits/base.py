@@ -116,7 +116,7 @@ class Verdict:
 
 
 ALLOW = Verdict(allowed=True)
-"""The answer while the shared store is unreachable: limits fail open."""
+"""A call passes, with no window to report (no limits, or limits.on_outage: open)."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -143,7 +143,8 @@ class Limiter(Protocol):
         """Check every bucket and budget of the plan and charge the buckets if all pass
         (one request each from request buckets, ``tokens`` from token buckets).
 
-        One round trip at most; never raises (a failing store answers ALLOW).
+        One round trip at most; never raises (a failing store answers as
+        limits.on_outage says).
         """
         ...
 

@@ -1,4 +1,4 @@
-"""The Redis limiter's two scripts: GRANT (before calls) and SETTLE (after them).
+"""The Redis limiter's scripts: GRANT (before calls), SETTLE (after them), HEARTBEAT.
 
 Times are µs on the Redis clock; a bucket is its theoretical arrival time (GCRA, as
 base.py), stored until the bucket is full again. Arguments go as one string and the
@@ -103,5 +103,18 @@ if units ~= '0' then
     redis.call('EXPIRE', KEYS[j], ARGV[2 + k + j])
   end
 end
+"""
+)
+
+# KEYS: the replicas' registrations (a sorted set: replica id -> Redis time, µs). ARGV: this
+# replica's id, then how long a registration counts (µs). Reply: how many count now.
+HEARTBEAT = (
+    NOW
+    + """
+local ttl = tonumber(ARGV[2])
+redis.call('ZADD', KEYS[1], now, ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - ttl)
+redis.call('PEXPIRE', KEYS[1], math.ceil(ttl / 1000))
+return redis.call('ZCARD', KEYS[1])
 """
 )

@@ -81,6 +81,18 @@ class MemoryLimiter:
         for s in seeds:
             self._spend.setdefault(s.counter, s.units)
 
+    def start_from(
+        self, taken: Iterable[tuple[Bucket, int]], spent: Iterable[tuple[Counter, int]]
+    ) -> None:
+        """Begin buckets with units already taken and counters with spend already counted
+        (new ones only): a replica taking over its share of shared limits mid-minute."""
+        now = self._clock()
+        for bucket, units in taken:
+            if units > 0:
+                self._tats.setdefault(_id(bucket), adjust(None, now, bucket.limit, units))
+        for counter, units in spent:
+            self._spend.setdefault(counter, units)
+
     async def flush(self) -> None:
         return None
 

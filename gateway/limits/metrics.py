@@ -16,7 +16,8 @@ class LimitMetrics:
         )
         self.errors = Counter(
             "gateway_limits_errors",
-            "Limiter calls to Redis that failed (the call was let through: limits fail open).",
+            "Limiter rounds to Redis that failed or timed out (a few timeouts in a row, or one "
+            "failure, make an outage: gateway_limits_degraded).",
             registry=registry,
         )
         self.dropped = Counter(
@@ -26,7 +27,16 @@ class LimitMetrics:
         )
         self.degraded = Gauge(
             "gateway_limits_degraded",
-            "1 while Redis fails and limits are not enforced.",
+            "1 while Redis is unreachable and the limits are not shared; mode says what they "
+            "do then (limits.on_outage: local shares, closed, open).",
+            ["mode"],
+            registry=registry,
+            multiprocess_mode="livemax",
+        )
+        self.replicas = Gauge(
+            "gateway_limits_replicas",
+            "Replicas sharing the limits, as last read from Redis (each enforces 1/n of "
+            "every limit while Redis is unreachable, with limits.on_outage: local).",
             registry=registry,
             multiprocess_mode="livemax",
         )

@@ -48,9 +48,16 @@ built when a plan's pocket is filled and serves the calls it pays for, for up to
 seconds (building the windows and headers cost more than the rest of a local answer), so
 the headers lag by at most a pocket: an eighth of a second of the bucket's refill.
 
-When Redis fails, limits fail open: calls pass, a warning is logged once and
-gateway_limits_errors counts; Redis is tried again every redis.probe_interval, so the
-limiter recovers by itself.
+A round may take ``limits.redis_timeout`` (1 s): calls seldom wait on one, and a busy
+event loop must not pass for a dead Redis. A round that times out is sent again (its calls
+wait; what a lost answer granted stays charged, what it gave back is not given again, so a
+retry never makes room); ``limits.outage_after`` timeouts in a row, or one real failure
+(refused or reset connection, an error reply), make an outage: a warning is logged,
+gateway_limits_degraded{mode} is 1, and calls get ``limits.on_outage``'s answer from
+outage.py without waiting on Redis. Settles queued meanwhile wait (merged per key) and go
+once Redis is back. The sender probes Redis every redis.probe_interval with the heartbeat
+that also registers the replica (every HEARTBEAT seconds while Redis answers: the count of
+replicas the local shares divide by) and, when it answers, limits are shared again.
 """
 
 from __future__ import annotations
@@ -60,12 +67,14 @@ import contextlib
 import logging
 import math
 import time
+import uuid
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
 from redis.asyncio import Redis, RedisCluster
 from redis.exceptions import NoScriptError, RedisError
+from redis.exceptions import TimeoutError as RedisTimeout
 
 from gateway.limits.base import (
     ALLOW,
@@ -78,13 +87,17 @@ from gateway.limits.base import (
     period_end,
 )
 from gateway.limits.lease import Ask, Lease, Shape, SpendView
-from gateway.limits.lua import GRANT, SETTLE
+from gateway.limits.lua import GRANT, HEARTBEAT, SETTLE
 from gateway.limits.metrics import LimitMetrics
-from gateway.settings import RedisSettings
+from gateway.limits.outage import HEARTBEAT as HEARTBEAT_INTERVAL
+from gateway.limits.outage import REGISTERED, Fallback
+from gateway.settings import LimitsSettings, RedisSettings
 
 log = logging.getLogger(__name__)
 
 REDIS_ERRORS = (RedisError, OSError, TimeoutError)
+TIMEOUTS = (RedisTimeout, TimeoutError)
+"""A round that took too long: Redis may only be slow (or this loop busy), not gone."""
 FRESH = 0.1
 """Seconds a plan's verdict (and so its x-ratelimit-* headers) serves its pocket's calls."""
 SHAPES = 10_000
@@ -94,15 +107,25 @@ are bounded by the same number."""
 
 class RedisLimiter:
     def __init__(
-        self, client: Redis | RedisCluster, settings: RedisSettings, metrics: LimitMetrics
+        self,
+        client: Redis | RedisCluster,
+        settings: RedisSettings,
+        limits: LimitsSettings,
+        metrics: LimitMetrics,
     ) -> None:
         self._client = client
         self._prefix = settings.key_prefix
         self._settings = settings
+        self._limits = limits
         self._period = settings.lease_period
         self.metrics = metrics
-        self._scripts = {s.sha: s for s in map(client.register_script, (GRANT, SETTLE))}
-        self._grant_sha, self._settle_sha = list(self._scripts)
+        scripts = list(map(client.register_script, (GRANT, SETTLE, HEARTBEAT)))
+        self._scripts = {s.sha: s for s in scripts}
+        self._grant_sha, self._settle_sha, self._beat_sha = (s.sha for s in scripts)
+        self._replica = uuid.uuid4().hex
+        self._replicas_key = f"{self._prefix}limits:replicas"
+        self._beat_at = 0.0
+        """When the next heartbeat is due (monotonic): the first round carries one."""
         self._asks: list[Ask] = []
         self._inflight: list[Ask] = []
         """The grants of the round on its way (failed with it if it fails unexpectedly)."""
@@ -129,8 +152,13 @@ class RedisLimiter:
         self._last_sweep = 0.0
         self._task: asyncio.Task[None] | None = None
         self._shapes: dict[int, Shape] = {}
-        self._retry_at = 0.0
-        self._degraded = False
+        self._down = False
+        """Redis is unreachable: calls get the fallback's answer, the sender only probes."""
+        self._probe_at = 0.0
+        self._timeouts = 0
+        """Rounds in a row that timed out (limits.outage_after of them: an outage)."""
+        self._fallback = Fallback(limits, settings.probe_interval, metrics)
+        metrics.degraded.labels(limits.on_outage).set(0)
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._sender(), name="limits-sender")
@@ -144,16 +172,21 @@ class RedisLimiter:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
+            if not self._down:  # no longer one of the replicas sharing the limits
+                with contextlib.suppress(*REDIS_ERRORS):
+                    await self._client.zrem(self._replicas_key, self._replica)
         await self._client.aclose()
 
     def check(self, plan: Plan, tokens: int) -> Verdict | None:
         """The answer from what this replica holds, or None when it takes a round trip.
         Most calls spend from the plan's pocket and look at nothing but its budgets: one
         function, as this runs on every call."""
-        now = time.monotonic()
-        if not (plan.buckets or plan.budgets) or now < self._retry_at:
+        if not (plan.buckets or plan.budgets):
             return ALLOW
         shape = self._shape(plan)
+        if self._down:
+            return self._fallback.check(shape, tokens)
+        now = time.monotonic()
         if now < shape.until and shape.calls > 0 and shape.tokens >= tokens:
             for view in shape.spend:
                 if view.spent:
@@ -179,7 +212,7 @@ class RedisLimiter:
         try:
             code, which, wait = await ask.done
         except REDIS_ERRORS:
-            return ALLOW
+            return self._fallback.check(shape, tokens)
         verdict = self._verdict(shape, plan, code, which, wait)
         if verdict.allowed:  # the freshest: the next local calls reuse it
             shape.verdict, shape.verdict_at = verdict, time.monotonic()
@@ -190,6 +223,11 @@ class RedisLimiter:
         if not (tokens and plan.buckets) and not units:
             return
         shape = self._shape(plan)
+        if self._down:  # the call was admitted locally (or is one of the last before)
+            self._fallback.settle(shape, tokens, units)
+            tokens = 0  # its tokens were not charged to the shared buckets
+            if not units:
+                return
         if tokens:
             if shape.until > -math.inf and shape.tokens >= tokens:  # refunds: any size
                 shape.tokens -= tokens  # the pocket: taken from every token lease alike
@@ -224,7 +262,10 @@ class RedisLimiter:
             self._failed(exc)
 
     async def flush(self) -> None:
-        """Send everything waiting (settles and top-ups) now, and wait until it landed."""
+        """Send everything waiting (settles and top-ups) now, and wait until it landed
+        (at once while Redis is unreachable: the settles wait for it)."""
+        if self._down:
+            return
         if self._asks:
             self._idle.clear()
         if not self._idle.is_set():
@@ -315,6 +356,10 @@ class RedisLimiter:
                     await self._wake.wait()
             self._sleep_until = -math.inf  # awake: nobody needs to wake it
             self._wake.clear()
+            if self._down:
+                if time.monotonic() >= self._probe_at:
+                    await self._probe()
+                continue
             if time.monotonic() - self._last_sweep >= self._period / 2:
                 self._return_leases(force=False)
             while self._round_due():
@@ -334,18 +379,23 @@ class RedisLimiter:
         settles, those the calls will owe by then: under load the sender is not woken for
         them), the earliest top-up waiting, or the sweep for leases that aged out."""
         now = time.monotonic()
+        if self._down:
+            self._sleep_until = self._probe_at
+            return max(self._probe_at - now, 0.0)
         settles = self._last_settle + self._settings.settle_interval
-        at = min(now + self._period / 2, self._topup_by)
+        at = min(now + self._period / 2, self._topup_by, self._beat_at)
         if self._pending or self._due or settles > now:
             at = min(at, settles)
         self._sleep_until = at
         return max(at - now, 0.0)
 
     def _round_due(self) -> bool:
+        if self._down:
+            return False
         if self._calls_waiting or (self._asks and self._urgent):
             return True
         now = time.monotonic()
-        if self._asks and now >= self._topup_by:
+        if (self._asks and now >= self._topup_by) or now >= self._beat_at:
             return True
         if not (self._pending or self._due):
             return False
@@ -362,20 +412,65 @@ class RedisLimiter:
         commands = [(self._settle_sha, list(keys), args) for keys, args in settles]
         marks = [[view.own for _, _, view in ask.shape.budgets] for ask in asks]
         commands += [(self._grant_sha, ask.shape.grant_keys, [ask.render()]) for ask in asks]
+        beat = time.monotonic() >= self._beat_at
+        if beat:
+            self._beat_at = time.monotonic() + HEARTBEAT_INTERVAL
+            commands.append(self._heartbeat())
         try:
             replies = await self._run(commands)
         except REDIS_ERRORS as exc:
             # Settles are dropped, not retried: a half-applied pipeline retried counts twice.
             self.metrics.dropped.inc(len(settles))
-            self._failed(exc)
-            for ask in asks:
-                self._reject(ask, exc)
+            if beat:
+                self._beat_at = 0.0
+            if not self._failed(exc):
+                self._ask_again(asks)
             return
-        self._recovered()
+        self._timeouts = 0
         self.metrics.dropped.inc(sum(isinstance(r, Exception) for r in replies[: len(settles)]))
+        if beat:
+            self._counted(replies.pop())
         now = time.monotonic()
         for ask, mark, reply in zip(asks, marks, replies[len(settles) :], strict=True):
             self._apply(ask, mark, reply, now)
+
+    def _heartbeat(self) -> tuple[str, list[str], list[Any]]:
+        """Register this replica and count those registered (HEARTBEAT's arguments)."""
+        return self._beat_sha, [self._replicas_key], [self._replica, int(REGISTERED * 1e6)]
+
+    def _counted(self, reply: Any) -> None:
+        if isinstance(reply, int):
+            self._fallback.replicas = max(reply, 1)
+            self.metrics.replicas.set(self._fallback.replicas)
+
+    async def _probe(self) -> None:
+        """While Redis is unreachable: one heartbeat; if it answers, limits are shared again."""
+        self._probe_at = time.monotonic() + self._settings.probe_interval
+        sha, keys, args = self._heartbeat()
+        try:
+            reply = await self._scripts[sha](keys=keys, args=args)
+        except REDIS_ERRORS:
+            self.metrics.errors.inc()
+            return
+        self._beat_at = time.monotonic() + HEARTBEAT_INTERVAL
+        self._counted(reply)
+        self._recovered()
+
+    def _ask_again(self, asks: list[Ask]) -> None:
+        """A round that timed out, short of an outage: its calls' grants go in the next
+        round. Units the lost answer may have granted stay charged (a retry never makes
+        room: only what the call needs is asked again); what it gave back is not given
+        back twice. Top-ups are dropped (the next call asks again)."""
+        again = []
+        for ask in asks:
+            if ask.done is None or ask.done.done():
+                self._reject(ask, RedisTimeout("limits round timed out"))
+                continue
+            ask.buckets = [(need, more, 0, took) for need, more, _, took in ask.buckets]
+            again.append(ask)
+        if again:
+            self._asks[:0] = again
+            self._calls_waiting = True
 
     async def _run(self, commands: list[tuple[str, list[str], list[Any]]]) -> list[Any]:
         async with self._client.pipeline(transaction=False) as pipe:
@@ -571,17 +666,32 @@ class RedisLimiter:
     def _counter(self, tag: str, c: Counter) -> str:
         return f"{self._prefix}spend:{{{tag}}}:{c.scope}:{c.owner}:{c.period_id}"
 
-    def _failed(self, exc: BaseException) -> None:
+    def _failed(self, exc: BaseException) -> bool:
+        """Count a failure; True when it makes (or finds) an outage: a real failure, or
+        the limits.outage_after-th timeout in a row."""
         self.metrics.errors.inc()
-        self._retry_at = time.monotonic() + self._settings.probe_interval
-        if not self._degraded:
-            self._degraded = True
-            self.metrics.degraded.set(1)
-            log.warning("limits: Redis failed (%s: %s); rate limits and budgets fail open "
-                        "until it answers again", type(exc).__name__, exc)  # fmt: skip
+        if self._down:
+            return True
+        if isinstance(exc, TIMEOUTS):
+            self._timeouts += 1
+            if self._timeouts < self._limits.outage_after:
+                log.info("limits: a Redis round timed out (%d in a row); sending it again",
+                         self._timeouts)  # fmt: skip
+                return False
+        self._timeouts = 0
+        self._down = True
+        self._probe_at = time.monotonic() + self._settings.probe_interval
+        self._fallback.begin()
+        self.metrics.degraded.labels(self._fallback.mode).set(1)
+        self._fail_asks(exc)  # nothing goes to Redis until a probe finds it
+        log.warning("limits: Redis is unreachable (%s: %s); until it answers again, %s",
+                    type(exc).__name__, exc, self._fallback.describe())  # fmt: skip
+        return True
 
     def _recovered(self) -> None:
-        if self._degraded:
-            self._degraded = False
-            self.metrics.degraded.set(0)
-            log.warning("limits: Redis answers again; rate limits and budgets are enforced")
+        if self._down:
+            self._down = False
+            self._timeouts = 0
+            self.metrics.degraded.labels(self._fallback.mode).set(0)
+            self._wake.set()  # the settles that waited go now
+            log.warning("limits: Redis answers again; rate limits and budgets are shared")

@@ -10,9 +10,10 @@ counters as the ledger prices it; budgets are checked in the same round trip as 
 
 Refusals: over a rate limit, 429 rate_limit_exceeded with Retry-After (the openai client
 waits and retries); over a budget, 429 insufficient_quota with ``x-should-retry: false``
-(no point retrying before the period ends). The x-ratelimit-* headers report the tightest
-of the key's and the team's buckets, on refusals, and on served calls with
-auth.ratelimit_headers on.
+(no point retrying before the period ends); while Redis is unreachable with
+limits.on_outage: closed, 503 limits_unavailable with Retry-After. The x-ratelimit-*
+headers report the tightest of the key's and the team's buckets, on refusals, and on
+served calls with auth.ratelimit_headers on.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from collections.abc import Awaitable, Iterable
 from datetime import UTC, datetime
 from typing import NamedTuple
 
-from gateway.errors import GatewayError, QuotaExceeded, RateLimited
+from gateway.errors import BackendUnavailable, GatewayError, QuotaExceeded, RateLimited
 from gateway.flow import Call, Principal, Quota
 from gateway.keys.store import Spend
 from gateway.ledger.models import to_units
@@ -192,6 +193,15 @@ def raw_ratelimit_headers(verdict: Verdict) -> tuple[tuple[bytes, bytes], ...]:
 def refusal(verdict: Verdict, tokens: int, limiter: Limiter) -> GatewayError:
     headers = ratelimit_headers(verdict)
     by = verdict.refused_by
+    if by is None:  # nothing refused it but an unreachable store (limits.on_outage: closed)
+        limiter.metrics.refused.labels("key", "unavailable").inc()
+        wait = max(math.ceil(verdict.retry_after or 1), 1)
+        return BackendUnavailable(
+            "Rate limits cannot be checked right now (their store is unreachable); "
+            "try again shortly.",
+            code="limits_unavailable",
+            headers={"retry-after": str(wait)},
+        )
     if isinstance(by, Budget):
         limiter.metrics.refused.labels(by.counter.scope, "budget").inc()
         period = "day" if by.counter.period_id.startswith("d") else "month"

@@ -4,19 +4,31 @@ from collections.abc import AsyncIterator
 
 import pytest
 from prometheus_client import CollectorRegistry
+from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 
 from gateway.limits import Limiter, LimitMetrics, MemoryLimiter
 from gateway.limits.redis import RedisLimiter
-from gateway.settings import RedisSettings
+from gateway.settings import LimitsSettings, RedisSettings
 
 
-def redis_limiter(url: str, prefix: str, registry: CollectorRegistry, **kw: object) -> RedisLimiter:
-    from redis.asyncio import Redis
-
-    settings = RedisSettings(url=url, key_prefix=prefix, timeout=1.0, **kw)  # type: ignore[arg-type]
-    client = Redis.from_url(url, socket_timeout=settings.timeout,
-                            socket_connect_timeout=settings.timeout)  # fmt: skip
-    return RedisLimiter(client, settings, LimitMetrics(registry))
+def redis_limiter(
+    url: str,
+    prefix: str,
+    registry: CollectorRegistry,
+    limits: LimitsSettings | None = None,
+    **kw: object,
+) -> RedisLimiter:
+    """A Redis limiter whose client, as the gateway's (redis_client.py), never retries:
+    the limiter decides what a timeout or a failure means. (A plain pool: the gateway's
+    blocking one makes the lease tests' drains slower than their 0.2 s leases.)"""
+    settings = RedisSettings(url=url, key_prefix=prefix, **kw)  # type: ignore[arg-type]
+    limits = limits or LimitsSettings()
+    t = limits.redis_timeout
+    client = Redis.from_url(url, socket_timeout=t, socket_connect_timeout=t,
+                            retry=Retry(NoBackoff(), 0))  # fmt: skip
+    return RedisLimiter(client, settings, limits, LimitMetrics(registry))
 
 
 @pytest.fixture(params=["memory", "redis"])

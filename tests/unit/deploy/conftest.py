@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.ledger.metrics import LedgerMetrics
+from gateway.limits.metrics import LimitMetrics
 from gateway.metrics import GatewayMetrics
 from gateway.sim.config import SimConfig
 from gateway.sim.engine import Engine
@@ -39,10 +40,11 @@ def family_samples(name: str, kind: str) -> set[str]:
 
 
 def gateway_names() -> set[str]:
-    """Every series name the gateway's /metrics can carry (its own and the ledger's)."""
+    """Every series name the gateway's /metrics can carry (its own, the ledger's, the limits')."""
     registry = CollectorRegistry()
     GatewayMetrics(registry)
     LedgerMetrics(registry)
+    LimitMetrics(registry)
     return {n for f in registry.collect() for n in family_samples(f.name, f.type)}
 
 

@@ -4,7 +4,7 @@ from decimal import Decimal
 import pytest
 from prometheus_client import CollectorRegistry
 
-from gateway.errors import QuotaExceeded, RateLimited
+from gateway.errors import BackendUnavailable, QuotaExceeded, RateLimited
 from gateway.flow import Call, Principal, Request
 from gateway.keys.store import Spend
 from gateway.limits import LimitMetrics, MemoryLimiter
@@ -94,6 +94,15 @@ def test_a_rate_refusal_is_429_with_retry_after() -> None:
     assert err.headers["retry-after-ms"] == "19200"
     assert err.headers["x-ratelimit-remaining-requests"] == "0"
     assert "team" in err.message
+
+
+def test_limits_that_cannot_be_checked_refuse_with_503_and_retry_after() -> None:
+    """What the Redis limiter answers in an outage with limits.on_outage: closed."""
+    err = limits.refusal(Verdict(False, retry_after=0.2), 1, _limiter())
+    assert isinstance(err, BackendUnavailable)
+    assert err.status == 503
+    assert err.code == "limits_unavailable"
+    assert err.headers["retry-after"] == "1"
 
 
 def test_a_request_larger_than_the_limit_is_told_not_to_retry() -> None:
