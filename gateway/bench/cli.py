@@ -1,9 +1,11 @@
-"""`gateway bench run|compare`: replay a seeded workload, print a table, optionally JSON.
+"""`gateway bench run|compare`: replay a seeded workload, print a table, optionally JSON
+(`gateway bench limits`: a rate limit across replicas, bench/limits.py).
 
     gateway bench run --base-url http://127.0.0.1:8000/v1 --workload shared-prefix \\
         --concurrency 8 --requests 200 --json out.json
     gateway bench compare --target rr=http://127.0.0.1:8081/v1 \\
         --target cache=http://127.0.0.1:8082/v1 --workload multi-turn --rate 4 --duration 30
+    gateway bench limits --replicas 3 --clients 16 --seconds 20 --rpm 60 --runs 5
 
     gateway bench routing --workload all --seeds 0 1    # the zoo against every router
 
@@ -24,7 +26,7 @@ from typing import Any, TypeVar
 
 import orjson
 
-from gateway.bench import routing, runner
+from gateway.bench import limits, routing, runner
 from gateway.bench.client import Target, TargetUnavailable
 from gateway.bench.report import Report, ratios, render, render_ratios
 from gateway.bench.workloads import (
@@ -46,7 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = __doc__
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     sub = parser.add_subparsers(
-        dest="bench_command", required=True, metavar="{run,compare,routing}"
+        dest="bench_command", required=True, metavar="{run,compare,routing,limits}"
     )
     run_p = sub.add_parser("run", help="one target")
     run_p.add_argument("--base-url", required=True, help="e.g. http://127.0.0.1:8000/v1")
@@ -70,6 +72,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         _add_workload(p)
     routing_p = sub.add_parser("routing", help="the workload zoo against every router")
     routing.add_arguments(routing_p)
+    limits.add_arguments(sub.add_parser("limits", help="does a rate limit hold across replicas"))
 
 
 def _add_load(p: argparse.ArgumentParser) -> None:
@@ -229,6 +232,8 @@ def parse_headers(values: list[str]) -> dict[str, str]:
 def run(args: argparse.Namespace) -> int:
     if args.bench_command == "routing":
         return routing.execute(args)
+    if args.bench_command == "limits":
+        return limits.run(args)
     headers = parse_headers(args.header)
     workload = workload_from_args(args)
     opts = options_from_args(args)
