@@ -20,8 +20,6 @@ import asyncio
 import contextlib
 import json
 import math
-import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -32,6 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+
+from gateway.bench.overhead import free_port, process
+from gateway.ledger.bench import scratch_database
 
 BODY = {
     "model": "sim-model",
@@ -61,6 +62,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 @dataclass(frozen=True, slots=True)
+class Load:
+    replicas: int
+    clients: int
+    """Concurrent closed-loop clients per replica."""
+    seconds: float
+    rpm: int
+    """The key's requests per minute."""
+    runs: int
+
+
+@dataclass(frozen=True, slots=True)
 class Run:
     served: int
     refused: int
@@ -80,8 +92,8 @@ class Run:
 
 
 def run(args: argparse.Namespace) -> int:
-    runs = bench(args.replicas, args.clients, args.seconds, args.rpm, args.runs,
-                 args.redis_url, args.database_url)  # fmt: skip
+    load = Load(args.replicas, args.clients, args.seconds, args.rpm, args.runs)
+    runs = bench(load, args.redis_url, args.database_url)
     print(f"{args.replicas} replicas x {args.clients} clients, {args.seconds:g} s, rpm {args.rpm}")
     print("run  served  allowed  refused  other  window_s")
     for i, r in enumerate(runs, 1):
@@ -92,43 +104,36 @@ def run(args: argparse.Namespace) -> int:
     return 0 if held == len(runs) else 1
 
 
-def bench(
-    replicas: int,
-    clients: int,
-    seconds: float,
-    rpm: int,
-    runs: int,
-    redis_url: str,
-    database_url: str,
-) -> list[Run]:
-    """Start the replicas, then run the load ``runs`` times, a fresh key each time."""
-    with (
-        tempfile.TemporaryDirectory(prefix="gw-bench-limits-") as tmp,
-        _database(database_url) as db,
-        _redis_prefix(redis_url) as prefix,
-        _cluster(Path(tmp), replicas, redis_url, prefix, db) as urls,
-    ):
-        _create_team(urls[0])
-        return [_one_run(urls, clients, seconds, rpm) for _ in range(runs)]
+def bench(load: Load, redis_url: str, database_url: str) -> list[Run]:
+    """Start the replicas, then run the load ``load.runs`` times, a fresh key each time."""
+    return asyncio.run(_bench(load, redis_url, database_url))
 
 
-def _one_run(urls: list[str], clients: int, seconds: float, rpm: int) -> Run:
-    key = _create_key(urls[0], rpm)
-    loads = [
-        subprocess.Popen(
-            [sys.executable, "-m", "gateway.bench.limits", url, key, str(clients), str(seconds)],
-            stdout=subprocess.PIPE,
-        )
-        for url in urls
-    ]
-    outs = [json.loads(p.communicate(timeout=seconds + 120)[0]) for p in loads]
+async def _bench(load: Load, redis_url: str, database_url: str) -> list[Run]:
+    """(Blocking inside: the loop only holds the scratch database's admin connection.)"""
+    async with scratch_database(database_url) as db:
+        with (
+            tempfile.TemporaryDirectory(prefix="gw-bench-limits-") as tmp,
+            _redis_prefix(redis_url) as prefix,
+            _cluster(Path(tmp), load.replicas, redis_url, prefix, db) as urls,
+        ):
+            _create_team(urls[0])
+            return [_one_run(urls, load) for _ in range(load.runs)]
+
+
+def _one_run(urls: list[str], load: Load) -> Run:
+    key = _create_key(urls[0], load.rpm)
+    args = [key, str(load.clients), str(load.seconds)]
+    cmd = [sys.executable, "-m", "gateway.bench.limits"]
+    loads = [subprocess.Popen([*cmd, url, *args], stdout=subprocess.PIPE) for url in urls]
+    outs = [json.loads(p.communicate(timeout=load.seconds + 120)[0]) for p in loads]
     window = max(o["last"] for o in outs) - min(o["first"] for o in outs)
     return Run(
         served=sum(o["served"] for o in outs),
         refused=sum(o["refused"] for o in outs),
         other=sum(o["other"] for o in outs),
         window=window,
-        rpm=rpm,
+        rpm=load.rpm,
     )
 
 
@@ -175,27 +180,6 @@ def _admin() -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def _database(server_url: str) -> Iterator[str]:
-    """A database of the bench's own on that server (its URL), dropped afterwards."""
-    import asyncpg
-
-    name = f"gw_bench_limits_{uuid.uuid4().hex[:10]}"
-
-    async def admin(sql: str) -> None:
-        conn = await asyncpg.connect(server_url, timeout=10)
-        try:
-            await conn.execute(sql)
-        finally:
-            await conn.close()
-
-    asyncio.run(admin(f'CREATE DATABASE "{name}"'))
-    try:
-        yield f"{server_url.rpartition('/')[0]}/{name}"
-    finally:
-        asyncio.run(admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-
-
-@contextlib.contextmanager
 def _redis_prefix(url: str) -> Iterator[str]:
     """A key prefix of the bench's own; its keys are deleted afterwards."""
     import redis
@@ -214,20 +198,19 @@ def _redis_prefix(url: str) -> Iterator[str]:
 @contextlib.contextmanager
 def _cluster(tmp: Path, replicas: int, redis_url: str, prefix: str, db: str) -> Iterator[list[str]]:
     """One instant simulator and the replicas in front of it; yields the replicas' URLs."""
+    gateway = [sys.executable, "-m", "gateway"]
     with contextlib.ExitStack() as stack:
-        sim = _free_port()
-        stack.enter_context(_process(tmp / "sim.log", "sim", "--instant", "--port", str(sim)))
-        _wait(f"http://127.0.0.1:{sim}/health")
+        sim = free_port()
+        cmd = [*gateway, "sim", "--instant", "--port", str(sim)]
+        stack.enter_context(process(cmd, f"http://127.0.0.1:{sim}/health", tmp / "sim.log"))
         urls = []
         for i in range(replicas):
             config = tmp / f"replica{i}.yaml"
             config.write_text(_config(sim, redis_url, prefix, db, tmp / f"spool{i}"))
-            port = _free_port()
-            args = ("serve", "--config", str(config), "--port", str(port))
-            stack.enter_context(_process(tmp / f"replica{i}.log", *args))
-            urls.append(f"http://127.0.0.1:{port}")
-        for url in urls:
-            _wait(f"{url}/health")
+            url = f"http://127.0.0.1:{free_port()}"
+            cmd = [*gateway, "serve", "--config", str(config), "--port", url.rpartition(":")[2]]
+            stack.enter_context(process(cmd, f"{url}/health", tmp / f"replica{i}.log"))
+            urls.append(url)
         yield urls
 
 
@@ -240,41 +223,6 @@ def _config(sim: int, redis_url: str, prefix: str, db: str, spool: Path) -> str:
         "redis": {"url": redis_url, "key_prefix": prefix},
         "auth": {"enabled": True, "admin_key": ADMIN, "pepper": "bench"},
     })  # fmt: skip
-
-
-@contextlib.contextmanager
-def _process(log: Path, *args: str) -> Iterator[None]:
-    """`gateway <args>`, stopped (SIGTERM, then SIGKILL after 10 s) on the way out."""
-    with log.open("wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "gateway", *args], stdout=out,
-                                stderr=subprocess.STDOUT, env={**os.environ})  # fmt: skip
-        try:
-            yield
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
-
-def _wait(url: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(url, timeout=1).is_success:
-                return
-        time.sleep(0.1)
-    raise RuntimeError(f"{url} did not answer within {timeout:g} s")
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 if __name__ == "__main__":  # one replica's load: URL KEY CLIENTS SECONDS, JSON on stdout

@@ -3,7 +3,7 @@ key's rate limit under load (the README's five-run figures come from the full co
 
 from __future__ import annotations
 
-from gateway.bench.limits import Run, bench
+from gateway.bench.limits import Load, Run, bench
 
 
 def test_the_allowed_count_is_the_gcra_bound() -> None:
@@ -16,8 +16,8 @@ def test_the_allowed_count_is_the_gcra_bound() -> None:
 def test_two_replicas_under_load_serve_no_more_than_the_limit_allows(
     redis_server_url: str, pg_server_url: str
 ) -> None:
-    [run] = bench(replicas=2, clients=8, seconds=8, rpm=60, runs=1,
-                  redis_url=redis_server_url, database_url=pg_server_url)  # fmt: skip
+    load = Load(replicas=2, clients=8, seconds=8, rpm=60, runs=1)
+    [run] = bench(load, redis_server_url, pg_server_url)
     assert run.other == 0
     assert run.refused > 0  # the load went past the limit, so the limit was what held it
     assert run.served >= 60  # the key's minute was served, not lost to a failing limiter
