@@ -2,11 +2,16 @@
 
 Only what the gateway itself relies on is checked here (JSON object, model, the prompt
 field, stream flags, token limits); everything else is the backend's to judge, so its own
-400s pass through unchanged.
+400s pass through unchanged. The names the gateway stores on the ledger row or keys on
+(model, user, the session and request id headers) are bounded and free of control
+characters: Postgres refuses a NUL in any text column, so one such call would otherwise
+make its ledger row unwritable.
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
@@ -19,6 +24,14 @@ PROMPT_FIELD: dict[Endpoint, str] = {
     "completions": "prompt",
     "embeddings": "input",
 }
+MAX_MODEL_CHARS = 200
+"""The ledger's model column."""
+MAX_SESSION_CHARS = 256
+"""The `user` field and the x-session-id header (OpenAI documents no limit for `user`)."""
+MAX_REQUEST_ID_CHARS = 128
+"""The ledger's client_request_id column."""
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+"""C0 controls (NUL among them), DEL and C1 controls: nothing a name can hold."""
 
 
 def parse(body: bytes, endpoint: Endpoint, session_header: str | None = None) -> Request:
@@ -26,6 +39,9 @@ def parse(body: bytes, endpoint: Endpoint, session_header: str | None = None) ->
     model = data.get("model")
     if not isinstance(model, str) or not model:
         raise InvalidRequest("you must provide a model parameter", param="model")
+    _check_name(model, "model", MAX_MODEL_CHARS)
+    if session_header is not None:
+        _check_name(session_header, "x-session-id", MAX_SESSION_CHARS)
     field = PROMPT_FIELD[endpoint]
     if field not in data:
         raise InvalidRequest(f"Missing required parameter: '{field}'.", param=field)
@@ -34,6 +50,7 @@ def parse(body: bytes, endpoint: Endpoint, session_header: str | None = None) ->
             "'messages' must be a non-empty array of objects with a 'role'.", param="messages"
         )
     stream = data.get("stream") is True
+    user = _user(data)
     if "stream" in data and not isinstance(data["stream"], bool | None):
         raise InvalidRequest("'stream' must be a boolean.", param="stream")
     return Request(
@@ -44,8 +61,33 @@ def parse(body: bytes, endpoint: Endpoint, session_header: str | None = None) ->
         include_usage=_include_usage(data) and stream,
         max_tokens=_max_tokens(data),
         deterministic=data.get("temperature") == 0 and data.get("n", 1) == 1,
-        session=session_header or _str_or_none(data.get("user")),
+        session=session_header or user,
     )
+
+
+def client_request_id(headers: Mapping[str, str]) -> str | None:
+    """The client's x-request-id, if it sent one: at most 128 printable ASCII characters.
+
+    It is echoed in a response header and kept on the ledger row, so it must be both."""
+    value = headers.get("x-request-id")
+    if not value:
+        return None
+    if len(value) > MAX_REQUEST_ID_CHARS or not (value.isascii() and value.isprintable()):
+        raise InvalidRequest(
+            f"The x-request-id header must be 1 to {MAX_REQUEST_ID_CHARS} printable ASCII "
+            "characters.",
+            param="x-request-id",
+        )
+    return value
+
+
+def _check_name(value: str, name: str, limit: int) -> None:
+    """Refuse a name too long for its column or holding control characters; the message
+    never repeats the value."""
+    if len(value) > limit:
+        raise InvalidRequest(f"'{name}' must be at most {limit} characters.", param=name)
+    if not value.isprintable() and _CONTROL.search(value):
+        raise InvalidRequest(f"'{name}' must not contain control characters.", param=name)
 
 
 def _decode(body: bytes) -> dict[str, Any]:
@@ -88,5 +130,9 @@ def _max_tokens(data: dict[str, Any]) -> int | None:
     return None
 
 
-def _str_or_none(value: Any) -> str | None:
-    return value if isinstance(value, str) and value else None
+def _user(data: dict[str, Any]) -> str | None:
+    user = data.get("user")
+    if not isinstance(user, str) or not user:
+        return None
+    _check_name(user, "user", MAX_SESSION_CHARS)
+    return user

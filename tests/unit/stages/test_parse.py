@@ -1,7 +1,8 @@
+import orjson
 import pytest
 
 from gateway.errors import InvalidRequest
-from gateway.stages.parse import parse
+from gateway.stages.parse import client_request_id, parse
 
 CHAT = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}'
 
@@ -55,3 +56,52 @@ def test_bad_requests_name_the_parameter(body: bytes, endpoint: str, param: str 
     assert info.value.status == 400
     assert info.value.param == param
     assert info.value.body()["error"]["type"] == "invalid_request_error"
+
+
+@pytest.mark.parametrize(
+    ("body", "session", "param"),
+    [
+        (b'{"model": "a\\u0000b", "prompt": "x"}', None, "model"),
+        (b'{"model": "a\\nb", "prompt": "x"}', None, "model"),
+        (b'{"model": "a\\u0085b", "prompt": "x"}', None, "model"),
+        (b'{"model": "a\\u007fb", "prompt": "x"}', None, "model"),
+        (b'{"model": "' + b"m" * 201 + b'", "prompt": "x"}', None, "model"),
+        (b'{"model": "m", "prompt": "x", "user": "u\\u0000"}', None, "user"),
+        (b'{"model": "m", "prompt": "x", "user": "' + b"u" * 257 + b'"}', None, "user"),
+        (b'{"model": "m", "prompt": "x"}', "s\x00", "x-session-id"),
+        (b'{"model": "m", "prompt": "x"}', "s" * 257, "x-session-id"),
+        # the user field is checked even when the header names the session
+        (b'{"model": "m", "prompt": "x", "user": "u\\u001b"}', "s", "user"),
+    ],
+)
+def test_names_the_ledger_or_the_router_keeps_must_be_storable(
+    body: bytes, session: str | None, param: str
+) -> None:
+    with pytest.raises(InvalidRequest) as info:
+        parse(body, "completions", session_header=session)
+    assert (info.value.status, info.value.param) == (400, param)
+    assert "\x00" not in info.value.message
+    assert "mmmm" not in info.value.message
+
+
+def test_longest_names_and_unicode_names_pass() -> None:
+    model = "m" * 200
+    body = orjson.dumps({"model": model, "prompt": "x", "user": "Zoë-ユーザー-" + "u" * 240})
+    req = parse(body, "completions", session_header="s" * 256)
+    assert (req.model, req.session) == (model, "s" * 256)
+
+
+@pytest.mark.parametrize(
+    ("headers", "expected"),
+    [({}, None), ({"x-request-id": ""}, None), ({"x-request-id": "req-1 abc"}, "req-1 abc"),
+     ({"x-request-id": "r" * 128}, "r" * 128)],
+)  # fmt: skip
+def test_client_request_id(headers: dict[str, str], expected: str | None) -> None:
+    assert client_request_id(headers) == expected
+
+
+@pytest.mark.parametrize("value", ["r" * 129, "a\x00b", "a\tb", "caf\xe9", "a\x85"])
+def test_client_request_id_must_be_short_printable_ascii(value: str) -> None:
+    with pytest.raises(InvalidRequest) as info:
+        client_request_id({"x-request-id": value})
+    assert (info.value.status, info.value.param) == (400, "x-request-id")
