@@ -4,6 +4,11 @@ A report groups by one dimension or several (``team,day``). Sums run in the data
 GROUP BY over the ledger, in the integer 1e-10 USD units the rows hold, and become
 ``Decimal`` USD at that scale here; the totals line is the exact sum of the group lines, so
 a report always adds up to the last digit.
+
+``requests`` counts the calls served (answered below 400, or left by their client midway);
+``errors`` the calls answered with an error status, refused by the gateway (a bad key, a
+limit, bad input) or failed by a backend: their rows are in the ledger, but they are not
+requests a bill counts.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any, Literal, cast, get_args
 
-from sqlalchemy import ColumnElement, Select, func, literal_column, select
+from sqlalchemy import ColumnElement, Select, case, func, literal_column, or_, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.ledger.models import LedgerRow, to_usd
@@ -27,13 +32,14 @@ TOKENS = ("prompt_tokens", "input_tokens", "cached_tokens", "cache_write_tokens"
           "completion_tokens")  # fmt: skip
 COSTS = ("cost_input", "cost_cached_input", "cost_cache_write", "cost_output", "cost_total",
          "cost_without_cache")  # fmt: skip
-FIGURES = ("requests", *TOKENS, *COSTS, "savings")
+FIGURES = ("requests", "errors", *TOKENS, *COSTS, "savings")
 
 
 @dataclass(slots=True)
 class ReportLine:
     groups: tuple[str | None, ...] = ()
     requests: int = 0
+    errors: int = 0
     prompt_tokens: int = 0
     input_tokens: int = 0
     cached_tokens: int = 0
@@ -129,7 +135,12 @@ def report_query(
 ) -> Select[Any]:
     groups = [_group_column(g, dialect).label(f"g_{g}") for g in group_by]
     sums = [func.sum(getattr(LedgerRow, name)).label(name) for name in (*TOKENS, *COSTS)]
-    stmt = select(*groups, func.count().label("requests"), *sums)
+    served = or_(LedgerRow.status < 400, LedgerRow.disconnected)
+    counts = (
+        func.count(case((served, 1))).label("requests"),
+        func.count(case((~served, 1))).label("errors"),
+    )
+    stmt = select(*groups, *counts, *sums)
     stmt = stmt.group_by(*groups).order_by(*groups)
     if start is not None:
         stmt = stmt.where(LedgerRow.ts >= start)
@@ -139,10 +150,11 @@ def report_query(
 
 
 def _line(r: Any, n: int) -> ReportLine:
-    """A result row: n group values, the count, the token sums, then the cost sums (units)."""
+    """A result row: n group values, the two counts, the token sums, then the cost sums
+    (units)."""
     groups = tuple(None if g is None else str(g) for g in r[:n])
-    counts = r[n : n + 1 + len(TOKENS)]
-    return ReportLine(groups, *counts, *map(to_usd, r[n + 1 + len(TOKENS) :]))
+    counts = r[n : n + 2 + len(TOKENS)]
+    return ReportLine(groups, *counts, *map(to_usd, r[n + 2 + len(TOKENS) :]))
 
 
 async def cost_report(

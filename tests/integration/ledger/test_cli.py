@@ -54,9 +54,9 @@ async def test_report_command(pg_db_url: str, tmp_path: Path) -> None:
     ]  # fmt: skip
     assert by_day["totals"]["requests"] == 3
     team_day = report(pg_db_url, "--group-by", "team,day").splitlines()
-    assert team_day[0].startswith("team,day,requests,prompt_tokens,")
+    assert team_day[0].startswith("team,day,requests,errors,prompt_tokens,")
     assert team_day[1:2] == [
-        f"team-a,{today},1,1000,600,400,0,100,0.0000900000,0.0000300000,0.0000000000,"
+        f"team-a,{today},1,0,1000,600,400,0,100,0.0000900000,0.0000300000,0.0000000000,"
         "0.0000600000,0.0001800000,0.0002100000,0.0000300000"
     ]
-    assert team_day[-1].startswith("TOTAL,,3,3000,")
+    assert team_day[-1].startswith("TOTAL,,3,0,3000,")

@@ -71,7 +71,8 @@ EXPECTED_COSTS = [
 
 TEAM_REPORT = {
     "team-a": {
-        "requests": 3, "prompt_tokens": 2007, "input_tokens": 1236, "cached_tokens": 771,
+        "requests": 3, "errors": 0, "prompt_tokens": 2007, "input_tokens": 1236,
+        "cached_tokens": 771,
         "cache_write_tokens": 0, "completion_tokens": 251,
         "cost_input": "0.0001852938", "cost_cached_input": "0.0000576370",
         "cost_cache_write": "0.0000000000", "cost_output": "0.0001503333",
@@ -79,7 +80,8 @@ TEAM_REPORT = {
         "savings": "0.0000579334",
     },
     "team-b": {
-        "requests": 3, "prompt_tokens": 2333, "input_tokens": 833, "cached_tokens": 0,
+        "requests": 2, "errors": 1, "prompt_tokens": 2333, "input_tokens": 833,
+        "cached_tokens": 0,
         "cache_write_tokens": 1500, "completion_tokens": 18,
         "cost_input": "0.0024990000", "cost_cached_input": "0.0000000000",
         "cost_cache_write": "0.0056250000", "cost_output": "0.0002700000",
@@ -87,7 +89,8 @@ TEAM_REPORT = {
         "savings": "-0.0011250000",
     },
     "TOTAL": {
-        "requests": 6, "prompt_tokens": 4340, "input_tokens": 2069, "cached_tokens": 771,
+        "requests": 5, "errors": 1, "prompt_tokens": 4340, "input_tokens": 2069,
+        "cached_tokens": 771,
         "cache_write_tokens": 1500, "completion_tokens": 269,
         "cost_input": "0.0026842938", "cost_cached_input": "0.0000576370",
         "cost_cache_write": "0.0056250000", "cost_output": "0.0004203333",
@@ -159,8 +162,9 @@ async def test_mix_gives_exact_rows_and_report(
     ]  # fmt: skip
     assert by_model["totals"] == report["totals"]
     by_team_model = (await cost_report(engine, None, None, ("team", "model"))).to_json()
-    assert [(r["team"], r["model"], r["requests"]) for r in by_team_model["rows"]] == [
-        ("team-a", "alpha", 2), ("team-a", "gamma", 1), ("team-b", "beta", 3)
+    assert [(r["team"], r["model"], r["requests"], r["errors"])
+            for r in by_team_model["rows"]] == [
+        ("team-a", "alpha", 2, 0), ("team-a", "gamma", 1, 0), ("team-b", "beta", 2, 1)
     ]  # fmt: skip
     assert by_team_model["totals"] == report["totals"]
 
