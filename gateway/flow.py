@@ -133,11 +133,14 @@ class Call:
     """One client call on its way through the gateway."""
 
     id: str
-    """Request id: echoed as x-request-id and stored on the ledger row."""
+    """The gateway's own id for the call, unique: the ledger row's request_id, sent back as
+    x-gateway-request-id (and as x-request-id when the client sent none)."""
     path: str
     headers: dict[str, str] = field(default_factory=dict)
     received_at: float = field(default_factory=time.perf_counter)
     received_wall: float = field(default_factory=time.time)
+    client_request_id: str | None = None  # stages.parse
+    """The client's x-request-id, checked: echoed back and kept on the ledger row."""
     principal: Principal | None = None  # stages.auth
     request: Request | None = None  # stages.parse
     prefix: PrefixKey | None = None  # stages.prefix

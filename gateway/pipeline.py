@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 access_log = logging.getLogger("gateway.access")
 
 OVERHEAD_HEADER = "x-gateway-overhead-ms"
+GATEWAY_ID_HEADER = "x-gateway-request-id"
 ENDPOINTS = {path: endpoint for endpoint, path in forward.UPSTREAM_PATH.items()}
 """Endpoint by path, to label a call whose body never parsed."""
 
@@ -43,6 +44,7 @@ async def handle(
     answer to begin, a client that disconnects cuts the wait (forward.ClientWatch).
     """
     try:
+        call.client_request_id = parse.client_request_id(call.headers)
         call.principal = auth.known(call.headers, svc.keys) or await auth.authenticate(
             call.headers, svc.keys
         )
@@ -59,11 +61,9 @@ async def handle(
             backend, upstream = await svc.batching.submit(
                 call, model, payload, lambda c, body, pin: dispatch(c, model, body, svc, pin)
             )
-        headers = {
-            "x-request-id": call.id,
-            "x-gateway-backend": backend.name,
-            **forward.passed_headers(upstream),
-        }
+        headers = id_headers(call)
+        headers["x-gateway-backend"] = backend.name
+        headers.update(forward.passed_headers(upstream))
         if call.request.stream:
             headers[OVERHEAD_HEADER] = milliseconds(overhead(call))
             scanner = EventScanner(call, strip_usage=not call.request.include_usage)
@@ -94,9 +94,15 @@ def failed(call: Call, svc: Services, exc: GatewayError) -> GatewayError:
     """Account for a call that ends in an error (ledger row, metrics, access line) and
     return the error to answer it with, marked with the call's id."""
     call.status, call.error_type = exc.status, exc.type
-    exc.headers["x-request-id"] = call.id
+    exc.headers.update(id_headers(call))
     finish(call, svc)
     return exc
+
+
+def id_headers(call: Call) -> dict[str, str]:
+    """x-request-id echoes the client's own id (the gateway's if it sent none), and
+    x-gateway-request-id always names the call as the ledger knows it."""
+    return {"x-request-id": call.client_request_id or call.id, GATEWAY_ID_HEADER: call.id}
 
 
 def with_quota(call: Call, response: Response) -> Response:
@@ -320,6 +326,7 @@ def log_access(call: Call, spent: float | None) -> None:
     line = {
         "ts": datetime.fromtimestamp(call.received_wall, UTC).isoformat(timespec="milliseconds"),
         "request_id": call.id,
+        "client_request_id": call.client_request_id,
         "key_id": call.principal.key_id if call.principal else None,
         "team": call.principal.team if call.principal else None,
         "model": call.model,

@@ -70,7 +70,7 @@ class ProxyEndpoints:
         svc: Services = self.app.state.services
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         call = Call(
-            id=headers.get("x-request-id") or os.urandom(12).hex(),
+            id=os.urandom(12).hex(),
             path=scope["path"],
             headers=headers,
         )
@@ -81,7 +81,7 @@ class ProxyEndpoints:
             # every other one into an accounted error.
             log.exception("unexpected error on %s (request %s)", scope["path"], call.id)
             failure = InternalError()
-            failure.headers["x-request-id"] = call.id
+            failure.headers.update(pipeline.id_headers(call))
             response = error_response(failure)
         if response is not None:
             await response(scope, receive, send)

@@ -25,6 +25,7 @@ from sqlalchemy import (
     Numeric,
     SmallInteger,
     String,
+    Text,
     UniqueConstraint,
 )
 from sqlalchemy.engine import Dialect
@@ -132,12 +133,14 @@ class LedgerRow(Base):
         Index("ix_ledger_team_ts", "team", "ts"),
         Index("ix_ledger_key_ts", "key_id", "ts"),
         Index("ix_ledger_model_ts", "model", "ts"),
+        Index("ix_ledger_client_request_id", "client_request_id"),
     )
 
     id: Mapped[int] = mapped_column(
         BigInteger().with_variant(Integer(), "sqlite"), primary_key=True, autoincrement=True
     )
     request_id: Mapped[str] = mapped_column(String(64), unique=True)
+    """The gateway's own id for the call (never the client's): one row per call."""
     ts: Mapped[datetime] = mapped_column(UTCDateTime())
     """When the gateway received the call (the price in force then is the one used)."""
     key_id: Mapped[str | None] = mapped_column(String(64))
@@ -173,6 +176,30 @@ class LedgerRow(Base):
     """What the call would have cost had every prompt token been standard input."""
     ttft_s: Mapped[float | None] = mapped_column(Float)
     latency_s: Mapped[float | None] = mapped_column(Float)
+    client_request_id: Mapped[str | None] = mapped_column(String(128))
+    """The x-request-id header the client sent, if any (not unique: clients reuse them)."""
+
+
+class DeadLetter(Base):
+    """A ledger row the database refused for what it holds, set aside for an operator.
+
+    The row is kept as ASCII-only JSON text (every other character escaped), so even a
+    row carrying a NUL or an over-long string, which no column could take, is stored.
+    ``digest`` (sha256 of that text) makes setting the same row aside twice a no-op.
+    """
+
+    __tablename__ = "ledger_dead_letters"
+
+    id: Mapped[int] = mapped_column(
+        BigInteger().with_variant(Integer(), "sqlite"), primary_key=True, autoincrement=True
+    )
+    digest: Mapped[str] = mapped_column(String(64), unique=True)
+    request_id: Mapped[str] = mapped_column(String(64))
+    """The row's request_id, escaped and cut like the row text: for finding it."""
+    set_aside_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    error: Mapped[str] = mapped_column(Text)
+    """Why the database refused it (SQLSTATE and message, escaped)."""
+    row: Mapped[str] = mapped_column(Text)
 
 
 ROW_COLUMNS: tuple[str, ...] = tuple(c.name for c in LedgerRow.__table__.columns if c.name != "id")

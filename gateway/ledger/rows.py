@@ -59,6 +59,8 @@ class Row(NamedTuple):
     cost_without_cache: int
     ttft_s: float | None
     latency_s: float | None
+    client_request_id: str | None = None
+    """Last, with a default: rows spooled before the column existed still decode."""
 
     def values(self) -> dict[str, Any]:
         """Column name -> value (ts as an aware datetime), for statements that bind by name
@@ -66,9 +68,8 @@ class Row(NamedTuple):
         return self._asdict() | {"ts": datetime.fromtimestamp(self.ts, UTC)}
 
 
-_ID, _KEY, _TEAM, _MODEL, _BACKEND, _ERROR = (
-    _LENGTHS[n] for n in ("request_id", "key_id", "team", "model", "backend", "error_type")
-)
+_CUT = ("request_id", "key_id", "team", "model", "backend", "error_type", "client_request_id")
+_ID, _KEY, _TEAM, _MODEL, _BACKEND, _ERROR, _CLIENT_ID = (_LENGTHS[n] for n in _CUT)
 _new_row = tuple.__new__
 """Builds a Row from a ready tuple in C (Row(...) runs a Python-level __new__)."""
 
@@ -91,6 +92,7 @@ def ledger_row(call: Call, cost: Cost) -> Row:
     if not 0 <= min(counts) <= max(counts) <= MAX_INT:
         counts = tuple(map(_clamped, counts))
     received, first_byte, done = call.received_at, call.first_byte_at, call.done_at
+    client_id = call.client_request_id
     return _new_row(
         Row,
         (
@@ -118,6 +120,7 @@ def ledger_row(call: Call, cost: Cost) -> Row:
             cost.without_cache,
             None if first_byte is None else first_byte - received,
             None if done is None else done - received,
+            client_id and client_id[:_CLIENT_ID],
         ),
     )
 

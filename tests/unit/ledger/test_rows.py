@@ -21,6 +21,7 @@ def test_odd_values_are_cut_and_clamped_to_their_columns() -> None:
     call.route = Route(backend="b" * 300, decision="hit", predicted_cached_tokens=-4)
     call.usage = Usage(prompt_tokens=2**40, cached_tokens=-3, completion_tokens=7)
     call.status, call.error_type, call.first_byte_at = 99_999, "e" * 100, 10.25
+    call.client_request_id = "c" * 300
     row = ledger_row(call, Cost(1, 2, 3, 4, 10, 11, price_id=5))
     assert (len(row.request_id), len(row.key_id or ""), len(row.team or "")) == (64, 64, 200)
     assert (len(row.model or ""), len(row.backend or ""), len(row.error_type or "")) == (
@@ -29,7 +30,8 @@ def test_odd_values_are_cut_and_clamped_to_their_columns() -> None:
     assert (row.status, row.stream, row.ttft_s, row.latency_s) == (32767, True, 0.25, None)
     assert (row.prompt_tokens, row.input_tokens, row.cached_tokens) == (MAX_INT, MAX_INT, 0)
     assert (row.completion_tokens, row.predicted_cached_tokens) == (7, 0)
-    assert row[row._fields.index("price_id") :] == (5, 1, 2, 3, 4, 10, 11, 0.25, None)
+    assert row[row._fields.index("price_id") : -1] == (5, 1, 2, 3, 4, 10, 11, 0.25, None)
+    assert row.client_request_id == "c" * 128
 
 
 def test_a_call_that_never_got_far_still_has_a_row() -> None:
@@ -40,3 +42,4 @@ def test_a_call_that_never_got_far_still_has_a_row() -> None:
     assert (row.endpoint, row.stream, row.status, row.error_type) == (
         "unknown", False, 400, "invalid_request_error")  # fmt: skip
     assert (row.prompt_tokens, row.cost_total, row.price_id) == (0, 0, None)
+    assert row.client_request_id is None

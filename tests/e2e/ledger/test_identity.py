@@ -1,0 +1,110 @@
+"""The gateway owns every call's id: a client's x-request-id can neither merge two calls
+into one ledger row nor, carrying what no column can hold, stop the ledger."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import openai
+import pytest
+
+from tests.e2e.conftest import MODEL, write_config
+from tests.e2e.ledger.wait import rows_when
+from tests.integration.ledger.postgres import scratch_database
+from tests.servers import gateway_process
+
+MESSAGES = [{"role": "user", "content": "hello"}]
+
+
+@pytest.fixture(scope="module")
+def ledger_db(pg_server_url: str) -> Iterator[str]:
+    with scratch_database(pg_server_url) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def client(
+    sims: list[str], ledger_db: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[openai.OpenAI]:
+    cfg = write_config(
+        tmp_path_factory.mktemp("gw") / "g.yaml",
+        sims[:1],
+        database={"url": ledger_db, "auto_migrate": True},
+        auth={"enabled": False},
+    )
+    with (
+        gateway_process("serve", "--config", str(cfg)) as url,
+        openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0) as c,
+    ):
+        yield c
+
+
+def test_five_calls_with_one_request_id_leave_five_rows(
+    client: openai.OpenAI, ledger_db: str
+) -> None:
+    ids = []
+    for _ in range(5):
+        raw = client.chat.completions.with_raw_response.create(
+            model=MODEL, messages=MESSAGES, max_tokens=2, extra_headers={"x-request-id": "same-1"}
+        )
+        assert raw.headers["x-request-id"] == "same-1"
+        ids.append(raw.headers["x-gateway-request-id"])
+    assert len(set(ids)) == 5
+
+    rows = rows_when(
+        ledger_db, "SELECT request_id, status FROM ledger WHERE client_request_id = $1",
+        "same-1", n=5,
+    )  # fmt: skip
+    assert sorted(r["request_id"] for r in rows) == sorted(ids)
+    assert {r["status"] for r in rows} == {200}
+
+
+def test_without_a_request_id_both_headers_carry_the_gateways(
+    client: openai.OpenAI, ledger_db: str
+) -> None:
+    raw = client.chat.completions.with_raw_response.create(
+        model=MODEL, messages=MESSAGES, max_tokens=1
+    )
+    gateway_id = raw.headers["x-gateway-request-id"]
+    assert raw.headers["x-request-id"] == gateway_id
+    rows = rows_when(
+        ledger_db, "SELECT client_request_id FROM ledger WHERE request_id = $1", gateway_id, n=1
+    )
+    assert [r["client_request_id"] for r in rows] == [None]
+
+
+def test_a_nul_in_the_model_is_refused_and_its_row_is_stored(
+    client: openai.OpenAI, ledger_db: str
+) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(
+            model="sim\x00model", messages=MESSAGES, extra_headers={"x-request-id": "poison-1"}
+        )
+    assert info.value.status_code == 400
+    assert isinstance(info.value.body, dict)
+    assert info.value.body["param"] == "model"
+    # The ledger still takes rows: the refused call's own, and a good one after it.
+    after = client.chat.completions.with_raw_response.create(
+        model=MODEL, messages=MESSAGES, max_tokens=1, extra_headers={"x-request-id": "after-1"}
+    )
+    assert after.headers["x-request-id"] == "after-1"
+    rows = rows_when(
+        ledger_db,
+        "SELECT client_request_id, model, status, error_type FROM ledger "
+        "WHERE client_request_id IN ('poison-1', 'after-1') ORDER BY id",
+        n=2,
+    )
+    assert [tuple(r) for r in rows] == [
+        ("poison-1", None, 400, "invalid_request_error"), ("after-1", MODEL, 200, None)
+    ]  # fmt: skip
+
+
+def test_an_overlong_request_id_is_refused_by_name(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(
+            model=MODEL, messages=MESSAGES, extra_headers={"x-request-id": "r" * 129}
+        )
+    assert isinstance(info.value.body, dict)
+    assert info.value.body["param"] == "x-request-id"
+    headers = info.value.response.headers
+    assert headers["x-request-id"] == headers["x-gateway-request-id"]
