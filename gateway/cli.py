@@ -20,6 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "sim": ("gateway.sim.cli", "run the vLLM-compatible simulator"),
     "bench": ("gateway.bench.cli", "replay a workload against OpenAI-compatible URLs"),
     "report": ("gateway.ledger.cli", "cost reports from the ledger"),
+    "ledger": ("gateway.ledger.tools", "find calls; list and replay dead letters"),
     "keys": ("gateway.keys.cli", "create, list and disable API keys"),
     "migrate": ("gateway.ledger.migrate", "apply the database migrations"),
 }

@@ -220,7 +220,8 @@ class LedgerSettings(Section):
     spool_dir: Path = Path("gateway-spool")
     """Rows the database could not take wait here (append-only, fsync per batch)."""
     price_refresh_interval: float = 30.0
-    """Seconds between reloads of the price table, so other replicas' admin changes arrive."""
+    """Seconds between reloads of the price table (so other replicas' admin changes arrive)
+    and counts of the dead letters."""
 
 
 class AuthSettings(Section):

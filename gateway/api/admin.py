@@ -1,4 +1,4 @@
-"""Admin routes: cost reports, prices, teams and API keys.
+"""Admin routes: cost reports, calls by client request id, prices, teams and API keys.
 
 Every route needs ``Authorization: Bearer <auth.admin_key>``: a missing key answers 401,
 a wrong one 403. With no admin key configured the admin API is disabled (403 for all):
@@ -114,6 +114,13 @@ def admin_router(settings: Settings) -> APIRouter:
         if format == "csv":
             return Response(report.to_csv(), media_type="text/csv; charset=utf-8")
         return _json(report.to_json())
+
+    @router.get("/calls")
+    async def find_calls(
+        ledger: LedgerDep, client_request_id: Annotated[str, Query(min_length=1, max_length=128)]
+    ) -> Response:
+        """The calls a client sent with this x-request-id, oldest first."""
+        return _json({"data": await ledger.calls_by_client_id(client_request_id)})
 
     @router.get("/prices")
     async def list_prices(ledger: LedgerDep, model: str | None = None) -> Response:

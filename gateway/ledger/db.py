@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import asyncpg
+import sqlalchemy.exc
 from sqlalchemy import event, make_url, text
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
@@ -17,6 +18,34 @@ DB_ERRORS: tuple[type[BaseException], ...] = (
     asyncpg.InterfaceError,
 )
 """What a failing or unreachable database raises, through SQLAlchemy or raw asyncpg."""
+
+CONTENT_SQLSTATES = ("22", "23")
+"""SQLSTATE classes of a refused value: data exception (a NUL or a character the encoding
+lacks, a string too long, a number out of range) and integrity constraint violation (not
+null, check, foreign key)."""
+
+
+def refused_content(exc: BaseException) -> bool:
+    """True when the database (or its driver) refused rows for what they hold, not because
+    it is away, busy or shutting down.
+
+    Only such a refusal sets a row aside as a dead letter: an outage (connection refused or
+    reset, a timeout, too many connections, a server shutting down) and any error nobody
+    expected keep the rows in the spool until a write succeeds.
+    """
+    if isinstance(exc, OverflowError | UnicodeError):  # the driver could not encode a value
+        return True
+    if isinstance(exc, sqlalchemy.exc.DataError | sqlalchemy.exc.IntegrityError):
+        return True
+    seen: BaseException | None = exc
+    for _ in range(4):  # SQLAlchemy wraps the driver's error, which names the SQLSTATE
+        if seen is None:
+            break
+        state = getattr(seen, "sqlstate", None)
+        if isinstance(state, str) and state[:2] in CONTENT_SQLSTATES:
+            return True
+        seen = getattr(seen, "orig", None) or seen.__cause__
+    return False
 
 
 class LedgerUnavailable(Exception):

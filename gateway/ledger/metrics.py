@@ -43,6 +43,19 @@ class LedgerMetrics:
             "Batch writes the database refused or timed out (the rows went to the spool).",
             registry=registry,
         )
+        self.dead_letters = Counter(
+            "gateway_ledger_dead_letters",
+            "Ledger rows the database refused for their content, set aside in the "
+            "ledger_dead_letters table (every other row of their batch was written).",
+            registry=registry,
+        )
+        self.dead_letter_rows = Gauge(
+            "gateway_ledger_dead_letter_rows",
+            "Rows waiting in the ledger_dead_letters table for an operator (the whole "
+            "table, shared by every replica, as of the last check).",
+            registry=registry,
+            multiprocess_mode="livemax",
+        )
         self._cost_by: dict[tuple[str, str], Any] = {}
         self.lag = Gauge(
             "gateway_ledger_lag_seconds",

@@ -13,13 +13,15 @@ import asyncio
 import logging
 from datetime import UTC, datetime
 from decimal import Decimal
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.flow import Call
-from gateway.ledger import store
+from gateway.ledger import deadletters, store
 from gateway.ledger.db import DB_ERRORS, LedgerUnavailable, make_engine, ping, safe_url
+from gateway.ledger.lookup import calls_by_client_id
 from gateway.ledger.metrics import LedgerMetrics
 from gateway.ledger.migrate import ensure_schema
 from gateway.ledger.prices import PriceBook, PriceVersion, config_changes
@@ -63,7 +65,7 @@ class Ledger:
             await self._open_database()
         except DB_ERRORS as exc:
             raise LedgerUnavailable(f"ledger database {safe_url(db.url)}: {exc}") from exc
-        self._refresher = asyncio.create_task(self._refresh_prices(), name="ledger-prices")
+        self._refresher = asyncio.create_task(self._refresh(), name="ledger-refresh")
         if self._settings.ledger.enabled:
             self._spool.open()
             self._writer = LedgerWriter(
@@ -126,6 +128,9 @@ class Ledger:
     ) -> Report:
         return await cost_report(self.engine, start, end, group_by)
 
+    async def calls_by_client_id(self, client_request_id: str) -> list[dict[str, Any]]:
+        return await calls_by_client_id(self.engine, client_request_id)
+
     async def ready(self) -> bool:
         return self._engine is not None and await ping(self._engine)
 
@@ -150,11 +155,23 @@ class Ledger:
             await self._engine.dispose()
             self._engine = None
 
-    async def _refresh_prices(self) -> None:
-        """Pick up price versions other replicas added through their admin API."""
+    async def _refresh(self) -> None:
+        """Pick up price versions other replicas added through their admin API, and count
+        the dead letters (an operator replays them from elsewhere)."""
         while True:
+            await self.count_dead_letters()
             await asyncio.sleep(self._settings.ledger.price_refresh_interval)
             try:
                 await self.reload_prices()
             except DB_ERRORS as exc:
                 log.warning("ledger: price refresh failed, keeping the loaded prices: %s", exc)
+
+    async def count_dead_letters(self) -> None:
+        """Set the gauge of rows waiting in the dead-letter table (kept as it was if the
+        database does not answer)."""
+        try:
+            waiting = await deadletters.count(self.engine)
+        except DB_ERRORS as exc:
+            log.warning("ledger: could not count the dead letters: %s", exc)
+            return
+        self._metrics.dead_letter_rows.set(waiting)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import orjson
 
@@ -37,8 +37,12 @@ def encode(rows: Sequence[Row]) -> bytes:
 
 
 def decode(line: bytes) -> Row:
-    """A spooled row; money in USD strings (spooled before migration 0004) becomes units."""
-    row = orjson.loads(line)
+    return row_from(orjson.loads(line))
+
+
+def row_from(row: dict[str, Any]) -> Row:
+    """A row from its JSON values (ts as ISO text); money in USD strings (spooled before
+    migration 0004) becomes units."""
     row["ts"] = datetime.fromisoformat(row["ts"]).timestamp()
     for name in _MONEY:
         if isinstance(row[name], str):

@@ -6,6 +6,12 @@ database fails, the batch goes to the durable spool, and while the spool holds r
 new row queues behind them there, so rows reach the database in the order they were
 recorded; the spool is replayed chunk by chunk as soon as the database answers again.
 
+An outage and a bad row are told apart by the error (gateway.ledger.db.refused_content).
+A batch the database refuses for what its rows hold is cut in halves until the refused
+rows stand alone; those are set aside as dead letters (gateway.ledger.deadletters) and
+every other row is written, in order. So one row no column can take never holds up the
+rows behind it, live or in the spool's replay.
+
 Crash bound: a hard crash (kill -9, power loss) loses only rows not yet committed or
 fsync'd to the spool: those recorded since the writer last finished a step, i.e. the last
 flush_interval (50 ms by default) plus the duration of the batch write in flight (a few
@@ -21,10 +27,13 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from itertools import chain
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from gateway.ledger.db import DB_ERRORS
+from gateway.ledger import deadletters
+from gateway.ledger.db import DB_ERRORS, refused_content
 from gateway.ledger.metrics import LedgerMetrics
 from gateway.ledger.rows import Row, done_wall
 from gateway.ledger.spool import Spool
@@ -50,6 +59,7 @@ class LedgerWriter:
         metrics: LedgerMetrics,
         on_written: OnWritten | None = None,
     ) -> None:
+        self._engine = engine
         self._sink = RowSink(engine)
         self._spool = spool
         self._settings = settings
@@ -95,8 +105,9 @@ class LedgerWriter:
                 await asyncio.sleep(RETRY_MAX)
         while self._queue:
             batch = self._take()
-            if self._spool.rows or not await self._write(batch):
-                await self._to_spool(batch)
+            left = batch if self._spool.rows else await self._write(batch)
+            if left:
+                await self._to_spool(left)
         await self._sink.aclose()
 
     def _may_retry(self) -> bool:
@@ -118,15 +129,15 @@ class LedgerWriter:
             if self._may_retry():
                 await self._replay()
         elif self._queue:
-            batch = self._take()
-            if not await self._write(batch):
-                await self._to_spool(batch)
+            left = await self._write(self._take())
+            if left:
+                await self._to_spool(left)
 
     async def _replay(self) -> None:
         chunk = self._spool.read(self._settings.batch_size)
         if chunk is None:
             return
-        if not chunk.rows or await self._write(chunk.rows, replay=True):
+        if not await self._write(chunk.rows, replay=True):
             self._spool.commit(chunk)
             self._metrics.spool_rows.set(self._spool.rows)
             if not self._spool.rows:
@@ -138,32 +149,71 @@ class LedgerWriter:
         self._metrics.queue_depth.set(len(self._queue))
         return batch
 
-    async def _write(self, rows: list[Row], replay: bool = False) -> bool:
-        """Insert one batch; False (and a longer backoff) if the database failed.
+    async def _write(self, rows: list[Row], replay: bool = False) -> list[Row]:
+        """Insert one batch; returns the rows still to write (to spool): none when every
+        row is in the database or set aside, else those from the first failed write on.
+
+        A batch refused for its content is cut in halves, first half first, until each
+        refused row stands alone and goes to the dead letters.
+        """
+        parts = [rows] if rows else []
+        while parts:
+            part = parts.pop()
+            try:
+                new = await self._sink.insert(part)
+            except Exception as exc:  # noqa: BLE001 (any failure keeps the rows: _failed logs it)
+                if refused_content(exc) and len(part) > 1:
+                    half = len(part) // 2
+                    parts += (part[half:], part[:half])
+                    continue
+                if not (refused_content(exc) and await self._set_aside(part[0], exc)):
+                    self._failed(exc)
+                    return [*part, *chain.from_iterable(reversed(parts))]
+                continue
+            self._written(part, new, replay)
+        return []
+
+    def _written(self, rows: list[Row], new: list[Row], replay: bool) -> None:
+        """Count a committed write.
 
         A replayed batch counts every row as written, the new ones and those already there:
         a spooled row was never counted, and one already there was committed by the write
         that failed to answer (the connection cut after the commit), which counted nothing.
         """
-        try:
-            new = await self._sink.insert(rows)
-        except Exception as exc:
-            # Anything else is a bug or a schema this gateway does not know (an old gateway
-            # left running after `gateway migrate`): the rows still go to the spool, never
-            # nowhere, and wait there for a gateway that can write them.
-            self._metrics.write_failures.inc()
-            if not isinstance(exc, DB_ERRORS):
-                log.exception("ledger write failed unexpectedly, spooling")
-            elif not self._retry:
-                log.error("ledger database write failed, spooling: %s", exc)
-            self._retry = min(max(self._retry * 2, RETRY_MIN), RETRY_MAX)
-            self._next_attempt = time.monotonic() + self._retry
-            return False
         self._retry = 0.0
         self._metrics.rows_written.inc(len(rows) if replay else len(new))
         self._metrics.lag.set(max(time.time() - done_wall(rows[0]), 0.0))  # queued first: oldest
         if self._on_written is not None and new:
             self._on_written(new)
+
+    def _failed(self, exc: Exception) -> None:
+        """The database is away (or something unforeseen failed): back off, then retry."""
+        # An error no database raises is a bug or a schema this gateway does not know (an
+        # old gateway left running after `gateway migrate`): the rows still go to the
+        # spool, never nowhere, and wait there for a gateway that can write them.
+        self._metrics.write_failures.inc()
+        if not isinstance(exc, DB_ERRORS):
+            log.error("ledger write failed unexpectedly, spooling", exc_info=exc)
+        elif not self._retry:
+            log.error("ledger database write failed, spooling: %s", exc)
+        self._retry = min(max(self._retry * 2, RETRY_MIN), RETRY_MAX)
+        self._next_attempt = time.monotonic() + self._retry
+
+    async def _set_aside(self, row: Row, exc: Exception) -> bool:
+        """Put a refused row in the dead letters; False if that failed too (spool it)."""
+        letter = deadletters.letter(row, exc, datetime.now(UTC))
+        try:
+            await deadletters.set_aside(self._engine, [letter])
+            waiting = await deadletters.count(self._engine)
+        except Exception:
+            log.exception("ledger: could not set aside a refused row, spooling it")
+            return False
+        log.error(
+            "ledger row %s refused by the database for its content, set aside: %s",
+            letter["request_id"], letter["error"],
+        )  # fmt: skip
+        self._metrics.dead_letters.inc()
+        self._metrics.dead_letter_rows.set(waiting)
         return True
 
     async def _to_spool(self, rows: list[Row]) -> None:

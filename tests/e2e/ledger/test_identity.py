@@ -3,17 +3,22 @@ into one ledger row nor, carrying what no column can hold, stop the ledger."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from collections.abc import Iterator
 
+import httpx
 import openai
 import pytest
 
 from tests.e2e.conftest import MODEL, write_config
 from tests.e2e.ledger.wait import rows_when
 from tests.integration.ledger.postgres import scratch_database
-from tests.servers import gateway_process
+from tests.servers import ROOT, gateway_process
 
 MESSAGES = [{"role": "user", "content": "hello"}]
+ADMIN = "test-admin-key"
 
 
 @pytest.fixture(scope="module")
@@ -23,24 +28,27 @@ def ledger_db(pg_server_url: str) -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def client(
+def gateway(
     sims: list[str], ledger_db: str, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[openai.OpenAI]:
+) -> Iterator[str]:
     cfg = write_config(
         tmp_path_factory.mktemp("gw") / "g.yaml",
         sims[:1],
         database={"url": ledger_db, "auto_migrate": True},
-        auth={"enabled": False},
+        auth={"enabled": False, "admin_key": ADMIN},
     )
-    with (
-        gateway_process("serve", "--config", str(cfg)) as url,
-        openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0) as c,
-    ):
+    with gateway_process("serve", "--config", str(cfg)) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def client(gateway: str) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=gateway + "/v1", api_key="x", max_retries=0) as c:
         yield c
 
 
 def test_five_calls_with_one_request_id_leave_five_rows(
-    client: openai.OpenAI, ledger_db: str
+    gateway: str, client: openai.OpenAI, ledger_db: str
 ) -> None:
     ids = []
     for _ in range(5):
@@ -57,6 +65,19 @@ def test_five_calls_with_one_request_id_leave_five_rows(
     )  # fmt: skip
     assert sorted(r["request_id"] for r in rows) == sorted(ids)
     assert {r["status"] for r in rows} == {200}
+    # ... and the client's id finds them all, from the admin API and from the CLI.
+    found = httpx.get(
+        gateway + "/admin/calls",
+        params={"client_request_id": "same-1"},
+        headers={"authorization": f"Bearer {ADMIN}"},
+    ).json()["data"]
+    assert [c["request_id"] for c in found] == ids  # oldest first
+    cli = subprocess.run(
+        [sys.executable, "-m", "gateway", "ledger", "calls", "--client-request-id", "same-1",
+         "--database-url", ledger_db],
+        capture_output=True, text=True, timeout=60, cwd=ROOT, check=True,
+    )  # fmt: skip
+    assert json.loads(cli.stdout)["data"] == found
 
 
 def test_without_a_request_id_both_headers_carry_the_gateways(

@@ -71,6 +71,7 @@ def test_alert_rules_cover_the_pages(alert_rules: list[dict[str, Any]]) -> None:
         "GatewayBackendDown": "gateway_backend_healthy",
         "GatewayCacheHitRatioCollapsed": "gateway_tokens_total",
         "GatewayLedgerSpoolGrowing": "gateway_ledger_spool_rows",
+        "GatewayLedgerDeadLetters": "gateway_ledger_dead_letter_rows",
     }
     for alert, metric in watched.items():
         assert metric in metric_names(by_name[alert]["expr"]), alert
