@@ -6,14 +6,13 @@ gateway report --from 2026-11-01 --to 2026-12-01 --group-by team --format csv
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 
 import orjson
 
 from gateway.cli import database_arguments, database_target
-from gateway.ledger.db import make_engine
-from gateway.ledger.report import Report, cost_report, parse_group_by, parse_when
+from gateway.ledger.db import run_on_database
+from gateway.ledger.report import cost_report, parse_group_by, parse_when
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -34,15 +33,11 @@ def run(args: argparse.Namespace) -> int:
     if target is None:
         return 2
     settings, url = target
-
-    async def main() -> Report:
-        engine = make_engine(url, settings.database.timeout)
-        try:
-            return await cost_report(engine, args.start, args.end, args.group_by)
-        finally:
-            await engine.dispose()
-
-    report = asyncio.run(main())
+    report = run_on_database(
+        url,
+        settings.database.timeout,
+        lambda engine: cost_report(engine, args.start, args.end, args.group_by),
+    )
     if args.format == "csv":
         sys.stdout.write(report.to_csv())
     else:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import asyncpg
 import sqlalchemy.exc
@@ -81,6 +83,23 @@ def make_engine(url: str, timeout: float = 5.0) -> AsyncEngine:
     if engine.dialect.name == "sqlite":
         event.listen(engine.sync_engine, "connect", _sqlite_wal)
     return engine
+
+
+T = TypeVar("T")
+
+
+def run_on_database(url: str, timeout: float, work: Callable[[AsyncEngine], Awaitable[T]]) -> T:
+    """Run ``work`` on a fresh engine in an event loop of its own, then dispose of the
+    engine: how the command-line tools reach the ledger database."""
+
+    async def main() -> T:
+        engine = make_engine(url, timeout)
+        try:
+            return await work(engine)
+        finally:
+            await engine.dispose()
+
+    return asyncio.run(main())
 
 
 def _sqlite_wal(dbapi_conn: Any, _record: Any) -> None:

@@ -24,7 +24,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.cli import database_arguments, database_target
-from gateway.ledger.db import LedgerUnavailable, make_engine
+from gateway.ledger.db import LedgerUnavailable, run_on_database
 
 MIGRATIONS = Path(__file__).resolve().parents[2] / "migrations"
 
@@ -111,14 +111,6 @@ def run(args: argparse.Namespace) -> int:
     if target is None:
         return 2
     settings, url = target
-
-    async def main() -> str | None:
-        engine = make_engine(url, settings.database.timeout)
-        try:
-            return await upgrade(engine)
-        finally:
-            await engine.dispose()
-
-    revision = asyncio.run(main())
+    revision = run_on_database(url, settings.database.timeout, upgrade)
     print(f"ledger schema at revision {revision}")  # noqa: T201
     return 0

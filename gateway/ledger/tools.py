@@ -8,21 +8,19 @@ gateway ledger replay [--id 7 --id 9] [--clean]
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import orjson
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.cli import database_arguments, database_target
 from gateway.ledger import deadletters
-from gateway.ledger.db import DB_ERRORS, make_engine, safe_url
+from gateway.ledger.db import DB_ERRORS, run_on_database, safe_url
 from gateway.ledger.lookup import calls_by_client_id
 
-T = TypeVar("T")
-Work = Callable[[AsyncEngine], Awaitable[T]]
+Work = Callable[[AsyncEngine], Awaitable[Any]]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -48,25 +46,14 @@ def run(args: argparse.Namespace) -> int:
     if target is None:
         return 2
     settings, url = target
-
-    def on_ledger(work: Work[T]) -> T:
-        async def main() -> T:
-            engine = make_engine(url, settings.database.timeout)
-            try:
-                return await work(engine)
-            finally:
-                await engine.dispose()
-
-        return asyncio.run(main())
-
     try:
-        return _act(args, on_ledger)
+        return _act(args, lambda work: run_on_database(url, settings.database.timeout, work))
     except DB_ERRORS as exc:
         print(f"ledger database {safe_url(url)}: {exc}", file=sys.stderr)  # noqa: T201
         return 2
 
 
-def _act(args: argparse.Namespace, on_ledger: Callable[[Work[Any]], Any]) -> int:
+def _act(args: argparse.Namespace, on_ledger: Callable[[Work], Any]) -> int:
     if args.action == "calls":
         found = on_ledger(lambda e: calls_by_client_id(e, args.client_request_id))
         return _print({"data": found})

@@ -41,12 +41,6 @@ def gateway(
         yield url
 
 
-@pytest.fixture(scope="module")
-def client(gateway: str) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(base_url=gateway + "/v1", api_key="x", max_retries=0) as c:
-        yield c
-
-
 def test_five_calls_with_one_request_id_leave_five_rows(
     gateway: str, client: openai.OpenAI, ledger_db: str
 ) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from decimal import Decimal
-from pathlib import Path
 
 import asyncpg
 import httpx
@@ -34,10 +33,12 @@ def ledger_rows(pg_url: str, n: int) -> dict[str, asyncpg.Record]:
     return {r["client_request_id"]: r for r in rows_when(pg_url, "SELECT * FROM ledger", n=n)}
 
 
-@pytest.fixture
-def gateway(sims: list[str], pg_url: str, tmp_path: Path):  # type: ignore[no-untyped-def]
+@pytest.fixture(scope="module")
+def gateway(
+    sims: list[str], pg_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
     cfg = write_config(
-        tmp_path / "g.yaml",
+        tmp_path_factory.mktemp("gw") / "g.yaml",
         sims[:1],
         price={k: str(v) for k, v in PRICE.items()},
         database={"url": pg_url, "auto_migrate": True},
@@ -45,12 +46,6 @@ def gateway(sims: list[str], pg_url: str, tmp_path: Path):  # type: ignore[no-un
     )
     with gateway_process("serve", "--config", str(cfg)) as url:
         yield url
-
-
-@pytest.fixture
-def client(gateway: str) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(base_url=gateway + "/v1", api_key="x", max_retries=0) as c:
-        yield c
 
 
 def test_a_known_mix_of_calls_gives_exact_rows_and_report(
