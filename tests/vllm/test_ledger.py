@@ -21,7 +21,7 @@ def call(gateway_url: str, path: str, body: dict[str, Any]) -> tuple[str, str]:
     """Send a call through the gateway; its request id and the body the client received."""
     r = httpx.post(gateway_url + path, json=body, timeout=30)
     r.raise_for_status()
-    return r.headers["x-request-id"], r.text
+    return r.headers["x-gateway-request-id"], r.text
 
 
 def received_usage(text: str, stream: bool) -> dict[str, Any]:
