@@ -99,5 +99,5 @@ async def _unexpected_error(request: Request, exc: Exception) -> Response:
     if services is not None and services.settings.metrics_enabled:
         pipeline.record_metrics(call, services, None)
     pipeline.log_access(call, None)
-    failure.headers["x-request-id"] = call.id
+    failure.headers.update(pipeline.id_headers(call))
     return error_response(failure)

@@ -31,3 +31,15 @@ async def test_a_ledger_that_cannot_reach_its_database_is_reported_spooling(
     assert (body["status"], body["degraded"]) == ("degraded", ["ledger"])
     assert body["ledger"] == {"status": "spooling", "database": "unreachable", "spool_rows": 0}
     in_process.ledger_db.rmdir()
+
+
+async def test_limits_no_longer_shared_are_reported_with_what_they_do(
+    in_process: InProcess,
+) -> None:
+    degraded = in_process.services.limits.metrics.degraded
+    degraded.labels("local").set(1)  # as the Redis limiter sets it when Redis is unreachable
+    body = (await in_process.client.get("/ready")).json()
+    assert body["limits"] == {"status": "degraded", "store": "in-process", "mode": "local"}
+    assert body["degraded"] == ["limits"]
+    degraded.labels("local").set(0)
+    assert (await in_process.client.get("/ready")).json()["limits"]["status"] == "ok"
