@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Literal
@@ -24,6 +25,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
+from gateway.backlog import Backlog
 from gateway.errors import BackendUnavailable, ModelNotFound
 from gateway.metrics import GatewayMetrics
 from gateway.settings import BackendSettings, ModelSettings, UpstreamSettings
@@ -88,6 +90,8 @@ class Backend:
     """vLLM's `vllm:kv_cache_usage_perc` (0..1), from the last scrape."""
     own_at_scrape: int = 0
     """This gateway's in-flight calls when the last scrape answered."""
+    backlog: Backlog = field(default_factory=Backlog)
+    """Our calls there, its learned rates and KV capacity: what the cost model reads."""
 
     @property
     def others(self) -> int:
@@ -155,7 +159,16 @@ class BackendPool:
         whole queue instead would count our own calls twice, and with a second's lag.
         """
         out = [
-            Candidate(b.name, b.healthy, b.in_flight, b.others, b.kv_usage, b.weight)
+            Candidate(
+                b.name,
+                b.healthy,
+                b.in_flight,
+                b.others,
+                b.kv_usage,
+                b.weight,
+                rates=b.backlog.rates,
+                ahead=b.backlog.load(b.waiting, b.others + b.in_flight, b.kv_usage),
+            )
             for b in model.backends
             if b.name not in exclude
         ]
@@ -281,6 +294,7 @@ class BackendPool:
         backend.running = int(load.get("vllm:num_requests_running", 0))
         backend.kv_usage = load.get("vllm:kv_cache_usage_perc", 0.0)
         backend.own_at_scrape = backend.in_flight
+        backend.backlog.scraped(kv_capacity_tokens(text))
 
 
 ENGINE_GAUGES = ("vllm:num_requests_waiting", "vllm:num_requests_running",
@@ -304,3 +318,18 @@ def parse_engine_load(text: str) -> dict[str, float]:
         with contextlib.suppress(ValueError):
             out[name] = out.get(name, 0.0) + float(value)
     return out
+
+
+CACHE_INFO = re.compile(r"^vllm:cache_config_info\{([^}]*)\}", re.MULTILINE)
+LABEL = re.compile(r'(\w+)="([^"]*)"')
+
+
+def kv_capacity_tokens(text: str) -> int | None:
+    """KV capacity in tokens, ``num_gpu_blocks x block_size`` summed over engines, from
+    vLLM's ``vllm:cache_config_info``; None when the engine does not export it."""
+    total = 0
+    for labels in CACHE_INFO.findall(text):
+        info = dict(LABEL.findall(labels))
+        with contextlib.suppress(KeyError, ValueError):
+            total += int(info["num_gpu_blocks"]) * int(info["block_size"])
+    return total or None

@@ -62,7 +62,7 @@ class Request:
     deterministic: bool = False
     """temperature 0 (or absent seed-free greedy): safe to coalesce identical calls."""
     session: str | None = None
-    """`user` field or x-session-id header: for session affinity."""
+    """x-session-id header, `prompt_cache_key` or `user` field: for session affinity."""
 
 
 @dataclass(slots=True)
@@ -89,6 +89,14 @@ class Route:
     predicted_cached_tokens: int = 0
     """Gateway-token count the index expects the backend to hold."""
     matched_blocks: int = 0
+    uncached_tokens: int = 0
+    """Prompt tokens the backend is expected to prefill (the prompt less the match)."""
+    queued_tokens: float = 0.0
+    """Prefill tokens the cost model saw queued ahead of the call there."""
+    running: int = 0
+    """Sequences the cost model saw running there."""
+    expected_ttft: float = 0.0
+    """Seconds to first byte the cost model expected there (0 for the other policies)."""
 
 
 @dataclass(slots=True)

@@ -19,11 +19,12 @@ from gateway import batching
 from gateway.backends import Backend, Model
 from gateway.batching import Answer
 from gateway.errors import GatewayError, InternalError, ShuttingDown
-from gateway.flow import Call, Endpoint, Route
+from gateway.flow import Call, Endpoint, PrefixKey, Route
 from gateway.index import feedback
 from gateway.ledger.models import to_usd
 from gateway.services import Services
 from gateway.stages import auth, forward, limits, parse, usage
+from gateway.stages.costs import Rates
 from gateway.stages.forward import EventScanner, StreamRelay, Unreachable
 
 log = logging.getLogger(__name__)
@@ -130,11 +131,11 @@ async def dispatch(
         call.route = await route(call, model, svc, exclude)
         backend = svc.backends.backends[call.route.backend]
         call.dispatched_at = time.perf_counter()
-        occupy(backend, svc, 1)
+        occupy(backend, svc, 1, call)
         try:
             answer = await svc.upstream.send(call, backend, payload)
         except BaseException as exc:
-            occupy(backend, svc, -1)
+            occupy(backend, svc, -1, call)
             call.dispatched_at = None
             if not forward.retryable(exc):
                 raise
@@ -187,7 +188,7 @@ def finish(call: Call, svc: Services, scanner: EventScanner | None = None) -> fl
         own = batching.owns_upstream(call)
         if own:
             backend = svc.backends.backends[call.route.backend]
-            occupy(backend, svc, -1)
+            occupy(backend, svc, -1, call)
             if call.status >= 500:  # a stream that broke off after it began
                 svc.backends.failed(backend)
         if scanner is not None and (call.usage is None or (own and call.prefix is not None)):
@@ -207,9 +208,13 @@ def finish(call: Call, svc: Services, scanner: EventScanner | None = None) -> fl
     return spent
 
 
-def occupy(backend: Backend, svc: Services, delta: int) -> None:
+def occupy(backend: Backend, svc: Services, delta: int, call: Call) -> None:
     """Count a call into (1) or out of (-1) the backend's load and its in-flight gauge."""
     backend.in_flight += delta
+    if delta > 0:
+        backend.backlog.admit(call)
+    else:
+        backend.backlog.release(call)
     if svc.settings.metrics_enabled:
         svc.metrics.count_in_flight(backend.name, delta)
 
@@ -270,11 +275,27 @@ def learn(call: Call, svc: Services) -> None:
         (u.prompt_tokens or key.tokens) if prefilled else None,
         holds=svc.prefix.reply_key(call.request, encoding, call.reply) if prefilled else None,
     )
+    if fb.reported and not u.estimated:
+        time_rates(call, key, route, u, svc.backends.backends[route.backend].backlog.rates)
     if fb.reported and not u.estimated and svc.settings.metrics_enabled:
         predicted = route.predicted_cached_tokens / max(key.tokens, 1)
         reported = u.cached_tokens / max(u.prompt_tokens, 1)
         m = svc.metrics
         m.child(m.prediction, call.request.model, accuracy(predicted, reported)).inc()
+
+
+def time_rates(call: Call, key: PrefixKey, route: Route, u: usage.Usage, rates: Rates) -> None:
+    """Teach the backend's rates what the call cost: its report says what it prefilled,
+    the relay's first byte how long that took (an answer that came whole has no first
+    byte apart from its decode, so it teaches only the shares)."""
+    cached = min(u.cached_tokens / max(u.prompt_tokens, 1), 1.0)
+    prefilled = key.tokens * (1 - cached)  # in the gateway's tokens, as the queue is
+    rates.served(prefilled, u.completion_tokens)
+    if call.first_byte_at is None or call.dispatched_at is None:
+        return
+    rates.observe(
+        route.queued_tokens + prefilled, route.running, call.first_byte_at - call.dispatched_at
+    )
 
 
 def accuracy(predicted_share: float, reported_share: float) -> str:

@@ -119,28 +119,9 @@ class RoutingSettings(Section):
     policy: Literal["cache_aware", "least_loaded", "round_robin"] = "cache_aware"
     handle_ttl: float = 600.0
     """Seconds a prefill-state handle lives without being renewed by a hit."""
-    min_match_blocks: int = 1
-    load_slack: int = 8
-    """A backend holding the whole prompt keeps the call while its load is within this many
-    requests of the least loaded one; one holding a share s of it, within s times as many.
-    8, not 4: a few more requests in flight cost a continuous-batching backend little, a
-    prefill elsewhere costs a whole prompt and leaves a second copy competing for cache
-    (routing benchmark, shared-prefix: 4 overflowed ~1.5% of calls, hit ratio 0.90
-    against 0.92; multi-turn unchanged)."""
-    long_match_tokens: int = Field(512, ge=1)
-    """A match of more than this many tokens on a prefix few calls share is worth its share
-    times tokens / long_match_tokens: leaving it costs a long prefill and a second copy
-    competing for cache (routing benchmark, shared-prefix: with a guard of 8 for every
-    match, 1-2 of 4,480 calls left their 1,000-token prefix for a cold backend). A prefix
-    carrying more than one backend's share of the calls keeps the plain guard, so that it
-    spreads: valued by length alone, an agent's 2,000-token system prompt drew every new
-    conversation to one backend."""
-    popularity_window: float = Field(30.0, gt=0)
-    """Seconds over which the share of calls sharing a prefix is counted (two windows)."""
     session_affinity: bool = True
-    min_match_share: float = Field(0.5, ge=0.0, le=1.0)
-    """A match covering less of the prompt than this (e.g. only a shared system prompt) is
-    weak: the call goes to the least loaded backend as on a miss, so conversations spread."""
+    """A session key (x-session-id, prompt_cache_key, user) pins its calls to one backend
+    while that costs no more than a prefill of the prompt (see gateway.stages.routing)."""
     backend_cache_tokens: int = Field(0, ge=0)
     """KV-cache capacity of one backend in gateway tokens; 0 = unknown (assumed 4M tokens).
     The index forgets a backend's least recently used handles beyond it."""
@@ -261,8 +242,8 @@ class BatchingSettings(Section):
     """Calls wait for a leader when they share at least this many leading tokens with it
     (gateway tokenizer)..."""
     hold_min_share: float = Field(0.5, ge=0.0, le=1.0)
-    """...and that cover at least this share of the waiting call's own prompt (as the
-    routing policy's min_match_share: sharing only an opening is not worth the wait)."""
+    """...and that cover at least this share of the waiting call's own prompt (sharing only
+    an opening is not worth the wait)."""
     hold_max_wait: float = Field(2.0, ge=0.0)
     """Seconds after a leader was sent that calls still wait for it; then they route as usual."""
     embeddings_window: float = Field(0.002, ge=0.0)

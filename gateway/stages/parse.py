@@ -61,7 +61,7 @@ def parse(body: bytes, endpoint: Endpoint, session_header: str | None = None) ->
         include_usage=_include_usage(data) and stream,
         max_tokens=_max_tokens(data),
         deterministic=data.get("temperature") == 0 and data.get("n", 1) == 1,
-        session=session_header or user,
+        session=session_header or _cache_key(data) or user,
     )
 
 
@@ -88,6 +88,18 @@ def _check_name(value: str, name: str, limit: int) -> None:
         raise InvalidRequest(f"'{name}' must be at most {limit} characters.", param=name)
     if not value.isprintable() and _CONTROL.search(value):
         raise InvalidRequest(f"'{name}' must not contain control characters.", param=name)
+
+
+def _cache_key(data: dict[str, Any]) -> str | None:
+    """OpenAI's `prompt_cache_key`: the client names calls that share a prefix, so they
+    are pinned together as a session is. Forwarded unchanged (vLLM accepts and ignores
+    fields it does not know)."""
+    key = data.get("prompt_cache_key")
+    if key is not None and not isinstance(key, str):
+        raise InvalidRequest("'prompt_cache_key' must be a string.", param="prompt_cache_key")
+    if key:
+        _check_name(key, "prompt_cache_key", MAX_SESSION_CHARS)
+    return key or None
 
 
 def _decode(body: bytes) -> dict[str, Any]:

@@ -1,33 +1,32 @@
 """Routing policy: which backend gets a call, from what the index knows and how loaded each is.
 
-Functions of their inputs and a little memory (round robin's turn, cache-aware's last
-placements), so every rule is a unit test away. The cache-aware rule, and why:
+Functions of their inputs and a little memory (round robin's turn, the cost model's
+placements and stream statistics), so every rule is a unit test away. The cache-aware
+policy places each call where it costs least (:func:`gateway.stages.costs.cost`): its
+own time to first token there (the prefill queued ahead plus the tokens that backend does
+not hold, at that backend's learned rates) and the delay its prefill adds to the calls
+behind it; and, for a call that starts a conversation, what its later calls will meet
+there: queueing, and a cache that may turn over before they come. No thresholds: a held
+prefix keeps a call exactly as long as the prefill it saves outweighs the queue, and a
+prefix every conversation shares (an agent's system prompt) is copied to another backend
+as soon as the first one's load costs new conversations more than one prefill there.
 
-- A match is worth the share of THIS prompt it covers. Conversations that share only a
-  system prompt all match whichever backend saw it first; treating such a weak match as a
-  hit sends every conversation there (the collapse seen in naive longest-prefix routers).
-  Below ``min_match_share`` a match counts as a miss.
-- A strong match is valued at its share minus its queue cost: each request of load above
-  the least loaded backend costs ``1 / load_slack`` of a prompt. The call goes to the
-  match of highest value, and to none whose value is negative, so a full match keeps
-  the call within ``load_slack`` requests of the least loaded and a weaker one within
-  fewer. The guard is tight because the tail latency is won or lost there.
-- Except for long matches on prefixes few calls share: a match is a prefill saved, and
-  prefill grows with tokens, so one covering more than ``long_match_tokens`` is worth its
-  share times tokens / long_match_tokens (a 1,000-token prompt stays within 16 requests
-  instead of 8; shared-prefix benchmark: 1-2 of 4,480 calls otherwise left for a cold
-  prefill). Not for a prefix carrying more than one backend's share of the recent calls
-  (``Popularity``): an agent's 2,000-token system prompt that every conversation shares,
-  valued by length, drew every new conversation to the one backend that saw it first. A
-  popular prefix is better copied to every backend; a rare one kept where it is, out of
-  the other caches.
-- Misses go to the backend with the fewest requests queued; among equals, to the one that
-  was given a new prompt longest ago, then by KV usage, then by a consistent (rendezvous)
-  hash of the conversation's anchor; never "backend 0 first". Conversations that start
-  together send their next turns together: on one backend their prefills queue behind
-  each other. KV usage, scraped once a second, used to be the tie-break and named the
-  same backend for a whole second (multi-turn benchmark: 20-42 of 138-184 conversations
-  started next to their predecessor, TTFT p99 52 ms; with this rule none, 41 ms).
+The later terms weigh where a conversation starts, not each of its turns: they rest on
+utilization and cache turnover measured now but lived in over the conversation's life,
+and re-deciding on every turn's reading would move conversations on noise, each move a
+prefill of the history and a dead copy of it left behind.
+
+- Costs within the error of the learned rates of the cheapest (an idle cluster, nothing
+  held, or the same prefix held everywhere) are ties: they go to the backend given a
+  placement longest ago, then by a consistent (rendezvous) hash of the conversation's
+  anchor; never "backend 0 first", and never to whichever backend's estimate noise made
+  look a millisecond faster: conversations that start together send their next turns
+  together, and pile up where they were all sent.
+- A session key (``x-session-id``, ``prompt_cache_key``, ``user``) pins the call to its
+  rendezvous backend, the same on every replica, when that backend holds as much of the
+  prompt as any and costs no more than one prefill of the prompt above the cheapest:
+  that prefill is what keeping the session together saves its next call. While the index
+  is degraded, the conversation's anchor pins it the same way.
 """
 
 from __future__ import annotations
@@ -35,14 +34,14 @@ from __future__ import annotations
 import hashlib
 import math
 import time
-from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from gateway.errors import BackendUnavailable
 from gateway.flow import Decision, PrefixKey, Route
 from gateway.settings import RoutingSettings
+from gateway.stages.costs import Load, Rates, Streams, cost
 
 
 @dataclass(slots=True, frozen=True)
@@ -58,11 +57,10 @@ class Candidate:
     kv_usage: float = 0.0
     """vLLM's `vllm:kv_cache_usage_perc`, 0..1."""
     weight: float = 1.0
-
-    @property
-    def queued(self) -> float:
-        """Requests per unit of weight, without the KV-usage term."""
-        return (self.in_flight + self.waiting) / max(self.weight, 1e-9)
+    rates: Rates = field(default_factory=Rates)
+    """The backend's learned TTFT coefficients (the cost model's)."""
+    ahead: Load = field(default_factory=Load)
+    """What a call routed now finds there (the cost model's)."""
 
     @property
     def load(self) -> float:
@@ -98,11 +96,18 @@ def make_policy(settings: RoutingSettings) -> Policy:
     return CacheAware(settings)
 
 
+TIE_ERRORS = 2 * math.sqrt(2)
+"""Costs closer than two standard errors of the difference of two TTFT estimates cannot be
+told apart: they are ties, which take turns (``Placements``) instead of following noise."""
+
+
 class CacheAware:
-    def __init__(self, settings: RoutingSettings) -> None:
+    def __init__(
+        self, settings: RoutingSettings, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self._s = settings
         self._placed = Placements()
-        self._popular: dict[str, Popularity] = {}
+        self._streams = Streams(clock)
 
     def choose(
         self,
@@ -115,75 +120,74 @@ class CacheAware:
         session: str | None = None,
     ) -> Route:
         healthy = healthy_only(candidates)
-        least = min(c.load for c in healthy)
-        popular = self._popularity(model)
-        popular.count(key)
-        strong = {
-            c.name: self._worth(popular, key, matches[c.name], tokens, len(healthy))
-            for c in healthy
-            if matches.get(c.name, 0) >= max(self._s.min_match_blocks, 1)
-            and (tokens := covered(key, matches[c.name])) / max(key.tokens, 1)
-            >= self._s.min_match_share
-        }
-        value = {
-            c.name: strong[c.name] - self._queue_cost(c.load - least)
-            for c in healthy
-            if c.name in strong
-        }
-        eligible = [c for c in healthy if value.get(c.name, -1.0) >= 0]
-        if eligible:
-            most = max(value[c.name] for c in eligible)
-            pick = rendezvous([c for c in eligible if value[c.name] == most], key.anchor)
-            top = max(matches[name] for name in strong)
-            return route(key, matches, pick, "hit" if matches[pick.name] == top else "overflow")
-        if strong:
-            return route(key, matches, self._placed.pick(healthy, key.anchor), "overflow")
-        if session is not None and self._s.session_affinity:
-            return self._pinned(key, matches, healthy, least, session_hash(session), "affinity")
-        if not index_ok:
-            return self._pinned(key, matches, healthy, least, key.anchor, "fallback")
-        return route(key, matches, self._placed.pick(healthy, key.anchor), "miss")
-
-    def _popularity(self, model: str) -> Popularity:
-        popular = self._popular.get(model)
-        if popular is None:
-            popular = self._popular[model] = Popularity(
-                self._s.long_match_tokens, self._s.popularity_window, time.monotonic
+        streams = self._streams
+        home = streams.count(key.anchor)
+        later = streams.later_calls if home is None else 0.0
+        held = sorted((matches.get(c.name, 0) for c in healthy), reverse=True)
+        # What no other stream shares: beyond the prefix a second backend holds too.
+        own = key.tokens - covered(key, held[1] if len(held) > 1 else 0)
+        # What it will want cached there at its next call: this prompt and the next turn.
+        footprint = {c.name: own + c.rates.uncached_per_call for c in healthy}
+        costs = {
+            c.name: cost(
+                c.rates,
+                c.ahead,
+                key.tokens - covered(key, matches.get(c.name, 0)),
+                later,
+                footprint[c.name],
+                streams.footprint(c.name),
             )
-        return popular
+            for c in healthy
+        }
+        pick, decision = self._pick(key, matches, healthy, costs, session, index_ok)
+        streams.place(key.anchor, pick.name, footprint[pick.name])
+        return self._route(key, matches, pick, decision)
 
-    def _worth(
-        self, popular: Popularity, key: PrefixKey, blocks: int, tokens: int, backends: int
-    ) -> float:
-        """A match of ``tokens`` (``blocks``) in shares of the prompt, more for a long one
-        few calls share (see the module docstring)."""
-        share = tokens / max(key.tokens, 1)
-        long = self._s.long_match_tokens
-        if tokens <= long or popular.share(key, blocks) > 1 / backends:
-            return share
-        return share * tokens / long
-
-    def _queue_cost(self, extra_load: float) -> float:
-        """Requests queued beyond the least loaded backend, in shares of a prompt: a whole
-        prompt served from cache is worth ``load_slack`` of them."""
-        if self._s.load_slack > 0:
-            return extra_load / self._s.load_slack
-        return 0.0 if extra_load <= 0 else math.inf
-
-    def _pinned(
+    def _pick(
         self,
         key: PrefixKey,
         matches: Mapping[str, int],
         healthy: list[Candidate],
-        least: float,
-        pin: int,
-        decision: Decision,
+        costs: Mapping[str, float],
+        session: str | None,
+        index_ok: bool,
+    ) -> tuple[Candidate, Decision]:
+        """The cheapest backend, unless a pin names one that costs no more than a prefill
+        of the prompt above it (see the module docstring)."""
+        top = max(matches.get(c.name, 0) for c in healthy)
+        least = min(costs.values())
+        pin = self._pin(key, session, index_ok)
+        if pin is not None:
+            pinned = rendezvous(healthy, pin[0])
+            extra = costs[pinned.name] - least
+            if matches.get(pinned.name, 0) == top and extra <= pinned.rates.ttft(key.tokens, 0):
+                return pinned, pin[1]
+        band = TIE_ERRORS * max(c.rates.error for c in healthy)
+        tied = [c for c in healthy if costs[c.name] <= least + band]
+        pick = self._placed.pick(tied, key.anchor)
+        held = matches.get(pick.name, 0)
+        return pick, "miss" if top == 0 else "hit" if held == top else "overflow"
+
+    def _pin(
+        self, key: PrefixKey, session: str | None, index_ok: bool
+    ) -> tuple[int, Decision] | None:
+        if session is not None and self._s.session_affinity:
+            return session_hash(session), "affinity"
+        if not index_ok:
+            return key.anchor, "fallback"
+        return None
+
+    @staticmethod
+    def _route(
+        key: PrefixKey, matches: Mapping[str, int], pick: Candidate, decision: Decision
     ) -> Route:
-        """The consistent-hash choice for pin, unless it is loaded past the slack."""
-        pick = rendezvous(healthy, pin)
-        if pick.load - least > self._s.load_slack:
-            return route(key, matches, least_loaded(healthy, pin), "miss")
-        return route(key, matches, pick, decision)
+        chosen = route(key, matches, pick, decision)
+        chosen.queued_tokens = pick.ahead.queued_tokens
+        chosen.running = pick.ahead.running
+        chosen.expected_ttft = pick.rates.ttft(
+            pick.ahead.queued_tokens + chosen.uncached_tokens, pick.ahead.running
+        )
+        return chosen
 
 
 class LeastLoaded:
@@ -231,76 +235,17 @@ def healthy_only(candidates: Sequence[Candidate]) -> list[Candidate]:
     return healthy
 
 
-class Popularity:
-    """The share of recent calls that begin like a given prompt, for one model.
-
-    Counted at a few depths only (the chain hashes at 1, 2 and 4 times ``unit`` tokens),
-    so a call costs three counter increments; a prefix is judged at the deepest of them it
-    covers, which counts every call sharing at least that much (a little more than share
-    the whole prefix). Two windows of ``window`` seconds, the current and the previous, so
-    at most three entries per call of the last two windows. Each replica counts its own
-    calls: a share, which replicas behind one balancer see alike.
-    """
-
-    def __init__(self, unit: int, window: float, clock: Callable[[], float]) -> None:
-        self._unit, self._window, self._clock = unit, window, clock
-        self._now: Counter[int] = Counter()
-        self._before: Counter[int] = Counter()
-        self._calls = [0, 0]
-        self._turn_at = clock() + window
-        self._by_block: dict[int, tuple[int, ...]] = {}
-
-    def count(self, key: PrefixKey) -> None:
-        if self._clock() >= self._turn_at:
-            self._turn()
-        self._calls[0] += 1
-        for depth in self._depths(key.block_size):
-            if depth > len(key.hashes):
-                break
-            self._now[key.hashes[depth - 1]] += 1
-
-    def share(self, key: PrefixKey, blocks: int) -> float:
-        """Of the recent calls, the share that begins with this prompt's first ``blocks``
-        blocks (at the deepest counted depth within them; 0 below the first)."""
-        h = None
-        for depth in self._depths(key.block_size):
-            if depth > blocks or depth > len(key.hashes):
-                break
-            h = key.hashes[depth - 1]
-        if h is None:
-            return 0.0
-        return (self._now[h] + self._before[h]) / max(self._calls[0] + self._calls[1], 1)
-
-    def _depths(self, block_size: int) -> tuple[int, ...]:
-        depths = self._by_block.get(block_size)
-        if depths is None:
-            first = max(self._unit // block_size, 1)
-            depths = self._by_block[block_size] = (first, 2 * first, 4 * first)
-        return depths
-
-    def _turn(self) -> None:
-        now = self._clock()
-        if now >= self._turn_at + self._window:  # idle for a whole window: all of it is old
-            self._before, self._calls = Counter(), [0, 0]
-        else:
-            self._before, self._calls = self._now, [0, self._calls[0]]
-        self._now = Counter()
-        self._turn_at = now + self._window
-
-
 class Placements:
-    """Where a prompt no backend holds goes: the fewest requests queued, and among those
-    the backend given a new prompt longest ago (see the module docstring)."""
+    """Among backends that cost the same, the one given a placement longest ago (see the
+    module docstring), then the rendezvous hash of the anchor."""
 
     def __init__(self) -> None:
         self._seq = 0
         self._last: dict[str, int] = {}
 
     def pick(self, candidates: Sequence[Candidate], tiebreak: int) -> Candidate:
-        fewest = min(c.queued for c in candidates)
-        tied = [c for c in candidates if c.queued == fewest]
-        oldest = min(self._last.get(c.name, 0) for c in tied)
-        pick = least_loaded([c for c in tied if self._last.get(c.name, 0) == oldest], tiebreak)
+        oldest = min(self._last.get(c.name, 0) for c in candidates)
+        pick = rendezvous([c for c in candidates if self._last.get(c.name, 0) == oldest], tiebreak)
         self._seq += 1
         self._last[pick.name] = self._seq
         return pick
@@ -344,4 +289,5 @@ def route(key: PrefixKey, matches: Mapping[str, int], pick: Candidate, decision:
         decision=decision,
         predicted_cached_tokens=covered(key, blocks),
         matched_blocks=blocks,
+        uncached_tokens=key.tokens - covered(key, blocks),
     )

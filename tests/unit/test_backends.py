@@ -117,3 +117,17 @@ async def test_a_hung_probe_ejects_until_a_good_one_readmits_on_probation() -> N
             assert b0.circuit == "closed"
         finally:
             await pool.aclose()
+
+
+def test_kv_capacity_is_blocks_times_block_size_summed_over_engines() -> None:
+    from gateway.backends import kv_capacity_tokens
+
+    text = (
+        "# TYPE vllm:cache_config_info gauge\n"
+        'vllm:cache_config_info{block_size="16",cache_dtype="auto",engine="0",'
+        'num_gpu_blocks="1000"} 1.0\n'
+        'vllm:cache_config_info{block_size="16",engine="1",num_gpu_blocks="500"} 1.0\n'
+    )
+    assert kv_capacity_tokens(text) == 24_000
+    assert kv_capacity_tokens(VLLM_METRICS) is None
+    assert kv_capacity_tokens('vllm:cache_config_info{block_size="x"} 1.0\n') is None

@@ -26,6 +26,21 @@ def test_session_header_wins_over_user_field() -> None:
     assert not req.include_usage
 
 
+def test_prompt_cache_key_is_a_session_between_the_header_and_user() -> None:
+    body = b'{"model": "m", "prompt": "x", "prompt_cache_key": "agent-7", "user": "u1"}'
+    assert parse(body, "completions").session == "agent-7"
+    assert parse(body, "completions", session_header="s9").session == "s9"
+    empty = b'{"model": "m", "prompt": "x", "prompt_cache_key": "", "user": "u1"}'
+    assert parse(empty, "completions").session == "u1"
+    assert parse(body, "completions").body["prompt_cache_key"] == "agent-7"  # forwarded as is
+
+
+def test_a_prompt_cache_key_that_is_not_a_string_is_refused() -> None:
+    with pytest.raises(InvalidRequest) as err:
+        parse(b'{"model": "m", "prompt": "x", "prompt_cache_key": 7}', "completions")
+    assert err.value.param == "prompt_cache_key"
+
+
 def test_include_usage_only_counts_when_streaming() -> None:
     req = parse(
         b'{"model":"m","prompt":"x","stream_options":{"include_usage":true}}', "completions"

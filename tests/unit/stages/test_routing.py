@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import random
 from collections import Counter
 
 import pytest
@@ -8,15 +9,9 @@ from gateway.errors import BackendUnavailable
 from gateway.flow import PrefixKey, Request
 from gateway.index.memory import MemoryIndex
 from gateway.settings import PrefixSettings, RoutingSettings
+from gateway.stages.costs import Load, Rates
 from gateway.stages.prefix import PrefixHasher
-from gateway.stages.routing import (
-    CacheAware,
-    Candidate,
-    LeastLoaded,
-    Popularity,
-    RoundRobin,
-    make_policy,
-)
+from gateway.stages.routing import CacheAware, Candidate, LeastLoaded, RoundRobin, make_policy
 
 B = 16
 
@@ -34,17 +29,17 @@ def pool(*loads: int, unhealthy: tuple[str, ...] = ()) -> list[Candidate]:
     ]
 
 
+def queued(*tokens: float, rates: Rates | None = None) -> list[Candidate]:
+    """Backends with these many prompt tokens queued for prefill, at the prior rates."""
+    return [
+        Candidate(f"b{i}", True, 0, rates=rates or Rates(), ahead=Load(queued_tokens=n))
+        for i, n in enumerate(tokens)
+    ]
+
+
 @pytest.fixture
 def policy() -> CacheAware:
-    """Matches valued by share alone: no prompt here reaches long_match_tokens."""
-    return CacheAware(RoutingSettings(load_slack=4, min_match_share=0.5, long_match_tokens=10_000))
-
-
-def distinct(blocks: int, seed: int) -> PrefixKey:
-    """A prompt that shares no block with key() or with another seed's."""
-    return PrefixKey(
-        tokens=blocks * B, hashes=[seed * 10_000 + i for i in range(blocks)], block_size=B
-    )
+    return CacheAware(RoutingSettings())
 
 
 def test_hit_goes_to_the_backend_holding_most_of_the_prompt(policy: CacheAware) -> None:
@@ -52,12 +47,8 @@ def test_hit_goes_to_the_backend_holding_most_of_the_prompt(policy: CacheAware) 
     assert (route.backend, route.decision) == ("b1", "hit")
     assert route.matched_blocks == 90
     assert route.predicted_cached_tokens == 90 * B
-
-
-def test_a_little_more_cache_is_not_worth_a_queue(policy: CacheAware) -> None:
-    route = policy.choose("m", key(100), {"b0": 100, "b1": 97}, pool(3, 0))
-    assert (route.backend, route.decision, route.matched_blocks) == ("b1", "overflow", 97)
-    assert policy.choose("m", key(100), {"b1": 90, "b2": 60}, pool(0, 2, 0)).backend == "b2"
+    assert route.uncached_tokens == 10 * B
+    assert route.expected_ttft == pytest.approx(Rates().ttft(10 * B, 0))
 
 
 def test_predicted_tokens_never_exceed_the_prompt(policy: CacheAware) -> None:
@@ -65,87 +56,117 @@ def test_predicted_tokens_never_exceed_the_prompt(policy: CacheAware) -> None:
     assert route.predicted_cached_tokens == 10 * B
 
 
-def test_miss_goes_to_the_least_loaded(policy: CacheAware) -> None:
-    route = policy.choose("m", key(100), {}, pool(3, 1, 2))
-    assert (route.backend, route.decision, route.matched_blocks) == ("b1", "miss", 0)
-
-
-def test_a_full_match_keeps_the_call_within_the_slack(policy: CacheAware) -> None:
-    route = policy.choose("m", key(100), {"b0": 100}, pool(4, 0))
+def test_a_long_held_prefix_beats_a_slightly_shorter_queue(policy: CacheAware) -> None:
+    """b0 holds 1,600 tokens: staying saves their prefill, which a queue of 500 tokens
+    does not outweigh; a queue of 2,000 does."""
+    route = policy.choose("m", key(100), {"b0": 100}, queued(500, 0))
     assert (route.backend, route.decision) == ("b0", "hit")
+    route = policy.choose("m", key(100), {"b0": 100}, queued(2000, 0))
+    assert (route.backend, route.decision, route.predicted_cached_tokens) == ("b1", "overflow", 0)
 
 
-def test_overloaded_match_overflows_to_the_least_loaded(policy: CacheAware) -> None:
-    route = policy.choose("m", key(100), {"b0": 100}, pool(5, 0, 1))
-    assert (route.backend, route.decision) == ("b1", "overflow")
-    assert route.predicted_cached_tokens == 0
+def test_a_little_more_cache_is_not_worth_a_queue(policy: CacheAware) -> None:
+    route = policy.choose("m", key(100), {"b0": 100, "b1": 97}, queued(200, 0))
+    assert (route.backend, route.decision, route.matched_blocks) == ("b1", "overflow", 97)
 
 
 def test_overflow_prefers_the_next_best_match(policy: CacheAware) -> None:
-    route = policy.choose("m", key(100), {"b0": 100, "b2": 80}, pool(6, 0, 1))
+    route = policy.choose("m", key(100), {"b0": 100, "b2": 80}, queued(3000, 0, 100))
     assert (route.backend, route.decision, route.matched_blocks) == ("b2", "overflow", 80)
 
 
-def test_the_guard_tightens_with_a_smaller_share(policy: CacheAware) -> None:
-    # 60% of the prompt: allowed 0.6 * 4 = 2.4 requests above the least loaded.
-    assert policy.choose("m", key(100), {"b0": 60}, pool(2, 0)).backend == "b0"
-    assert policy.choose("m", key(100), {"b0": 60}, pool(3, 0)).backend == "b1"
+def test_miss_goes_to_the_shortest_prefill_queue(policy: CacheAware) -> None:
+    route = policy.choose("m", key(100), {}, queued(300, 100, 200))
+    assert (route.backend, route.decision, route.matched_blocks) == ("b1", "miss", 0)
+    assert route.queued_tokens == 100
 
 
-def test_a_long_match_on_a_rare_prefix_earns_a_longer_queue() -> None:
-    """1,600 tokens against a unit of 400 are worth 4 prompts when few calls share them:
-    the call stays within 4 * load_slack = 16 requests. The same prompt once most calls
-    share it keeps the plain guard of 4, so that it spreads."""
-    policy = CacheAware(RoutingSettings(load_slack=4, long_match_tokens=400))
-    for seed in range(1, 21):  # other traffic: 20 prompts of their own
-        policy.choose("m", distinct(100, seed), {}, pool(0, 0))
-    assert policy.choose("m", key(100), {"b0": 100}, pool(16, 0)).decision == "hit"
-    assert policy.choose("m", key(100), {"b0": 100}, pool(17, 0)).backend == "b1"
-    short = distinct(25, 99)  # 400 tokens: not long
-    assert policy.choose("m", short, {"b0": 25}, pool(4, 0)).decision == "hit"
-    assert policy.choose("m", short, {"b0": 25}, pool(5, 0)).backend == "b1"
-    for _ in range(30):  # now the long prompt is most of the traffic
-        policy.choose("m", key(100), {}, pool(0, 0))
-    assert policy.choose("m", key(100), {"b0": 100}, pool(4, 0)).decision == "hit"
-    assert policy.choose("m", key(100), {"b0": 100}, pool(5, 0)).backend == "b1"
-
-
-def test_popularity_forgets_after_two_windows() -> None:
-    now = [0.0]
-    popular = Popularity(400, 10.0, lambda: now[0])
-    popular.count(key(100))
-    popular.count(distinct(100, 1))
-    assert popular.share(key(100), 100) == 0.5
-    assert popular.share(key(100), 24) == 0.0  # below the first counted depth (25 blocks)
-    now[0] = 15.0  # the previous window still counts
-    popular.count(distinct(100, 2))
-    assert popular.share(key(100), 100) == pytest.approx(1 / 3)
-    now[0] = 25.0
-    popular.count(distinct(100, 3))
-    assert popular.share(key(100), 100) == 0.0
-    now[0] = 100.0  # idle: nothing older is kept
-    popular.count(key(100))
-    assert popular.share(key(100), 100) == 1.0
-
-
-def test_a_weak_match_counts_as_a_miss(policy: CacheAware) -> None:
-    # Only a shared system prompt (20% of this prompt) matches b0: not worth a queue.
-    route = policy.choose("m", key(100), {"b0": 20}, pool(1, 0))
-    assert (route.backend, route.decision) == ("b1", "miss")
-
-
-def test_queue_and_kv_usage_count_as_load(policy: CacheAware) -> None:
+def test_running_sequences_cost_what_the_backend_learned_they_cost(policy: CacheAware) -> None:
     cands = [
-        Candidate("b0", True, in_flight=0, waiting=6),
-        Candidate("b1", True, in_flight=1, kv_usage=0.9),
-        Candidate("b2", True, in_flight=1, kv_usage=0.2),
+        Candidate("b0", True, 0, ahead=Load(running=40)),
+        Candidate("b1", True, 0, ahead=Load(running=5)),
     ]
-    assert policy.choose("m", key(10), {}, cands).backend == "b2"
+    assert policy.choose("m", key(10), {}, cands).backend == "b1"
 
 
-def test_weight_scales_load(policy: CacheAware) -> None:
-    cands = [Candidate("b0", True, in_flight=4, weight=4.0), Candidate("b1", True, in_flight=2)]
-    assert policy.choose("m", key(10), {}, cands).backend == "b0"
+def test_a_slow_backend_gets_proportionally_less() -> None:
+    """Two backends, one prefilling at half the other's speed, fed misses of 500 tokens
+    faster than either alone could serve them: each routed call joins the chosen queue,
+    and each queue drains at its own rate. The fast one takes more than its two thirds of
+    the capacity (it answers sooner while it is not saturated), the slow one a fair part."""
+    fast, slow = Rates(per_token=1e-4), Rates(per_token=2e-4)
+    policy = CacheAware(RoutingSettings())
+    backlog = {"fast": 0.0, "slow": 0.0}
+    rate = {"fast": fast, "slow": slow}
+    picks: Counter[str] = Counter()
+    for call in range(600):
+        cands = [
+            Candidate(n, True, 0, rates=rate[n], ahead=Load(queued_tokens=backlog[n]))
+            for n in backlog
+        ]
+        pick = policy.choose("m", key(31, anchor=call, extra_tokens=4), {}, cands).backend
+        picks[pick] += 1
+        backlog[pick] += 500
+        for name in backlog:  # 40 ms between calls: 400 and 200 tokens drained
+            backlog[name] = max(backlog[name] - 0.04 / rate[name].per_token, 0.0)
+    assert 0.6 <= picks["fast"] / 600 <= 0.85, picks
+
+
+def test_a_hot_prefix_held_by_one_busy_backend_is_copied() -> None:
+    """Long conversations (6 calls each) all sharing a 2,000-token system prompt that only
+    b0 holds: while b0 is lightly used a new conversation saves the prefill there; once
+    b0 is busy most of the time, the queueing its 5 later calls would meet there costs more
+    than one copy of the prompt elsewhere (Preble's replication)."""
+    policy = CacheAware(RoutingSettings())
+    for conversation in range(50):  # teach it the conversations' length
+        for _ in range(6):
+            policy.choose("m", key(4, anchor=1000 + conversation), {}, queued(0, 0))
+    light = [
+        Candidate("b0", True, 0, ahead=Load(utilization=0.3)),
+        Candidate("b1", True, 0, ahead=Load(utilization=0.1)),
+    ]
+    assert policy.choose("m", key(130, anchor=1), {"b0": 125}, light).backend == "b0"
+    busy = [
+        Candidate("b0", True, 0, ahead=Load(utilization=0.93)),
+        Candidate("b1", True, 0, ahead=Load(utilization=0.1)),
+    ]
+    route = policy.choose("m", key(130, anchor=2), {"b0": 125}, busy)
+    assert (route.backend, route.decision) == ("b1", "overflow")
+
+
+def test_one_off_calls_on_a_rare_prefix_stay_with_it_however_busy() -> None:
+    """Calls that start no conversation (a new question on a shared document each time)
+    commit nothing to the backend after them: only this call's TTFT counts, and the held
+    1,600 tokens are worth more than any sustained load."""
+    policy = CacheAware(RoutingSettings())
+    for question in range(1000):
+        policy.choose("m", key(4, anchor=question), {}, queued(0, 0))
+    busy = [
+        Candidate("b0", True, 0, ahead=Load(utilization=0.93)),
+        Candidate("b1", True, 0, ahead=Load(utilization=0.0)),
+    ]
+    assert policy.choose("m", key(100, anchor=999), {"b0": 100}, busy).backend == "b0"
+
+
+def test_a_conversation_starts_where_the_cache_can_keep_it() -> None:
+    """Two backends equally idle, holding the same system prompt, with 16,000 tokens of
+    cache each; the conversations live on b0 already want 20,000 of it. A new one (of 4
+    calls) starts on b1, where its history will not be evicted between turns."""
+    policy = CacheAware(RoutingSettings())
+    for turn in range(4):
+        for conversation in range(25):
+            b0_only = {"b0": 0, "b1": 0} if turn == 0 else {"b0": 60}
+            pool_ = [
+                Candidate("b0", True, 0),
+                Candidate("b1", True, 0, ahead=Load(queued_tokens=10_000)),
+            ]
+            assert policy.choose("m", key(60, anchor=conversation), b0_only, pool_).backend == "b0"
+    cands = [
+        Candidate("b0", True, 0, ahead=Load(free_tokens=16_000)),
+        Candidate("b1", True, 0, ahead=Load(free_tokens=16_000)),
+    ]
+    route = policy.choose("m", key(60, anchor=999), {"b0": 30, "b1": 30}, cands)
+    assert route.backend == "b1"
 
 
 def test_unhealthy_backends_are_never_chosen(policy: CacheAware) -> None:
@@ -168,20 +189,8 @@ def test_misses_take_turns_among_equally_queued_backends(policy: CacheAware) -> 
         == Counter(picks[6:])
         == Counter({"b0": 1, "b1": 1, "b2": 1})
     )
-    # KV usage orders backends no more than that: the freshest placement still waits.
-    cands = [
-        Candidate("b0", True, in_flight=1, kv_usage=0.1),
-        Candidate("b1", True, in_flight=1, kv_usage=0.9),
-        Candidate("b2", True, in_flight=1, kv_usage=0.5),
-    ]
-    fresh = CacheAware(RoutingSettings())
-    assert [fresh.choose("m", key(10, anchor=a), {}, cands).backend for a in range(3)] == [
-        "b0",
-        "b2",
-        "b1",
-    ]
-    # Fewer requests queued still comes first.
-    assert fresh.choose("m", key(10), {}, [*cands[:2], Candidate("b2", True, 0)]).backend == "b2"
+    # A shorter prefill queue still comes first.
+    assert policy.choose("m", key(10), {}, queued(10, 0, 10)).backend == "b1"
 
 
 def test_the_first_placements_spread_by_the_anchor() -> None:
@@ -208,12 +217,17 @@ def test_session_pins_when_the_prefix_is_unknown(policy: CacheAware) -> None:
     assert len(sessions) == 3
 
 
-def test_session_yields_to_a_strong_match_and_to_load(policy: CacheAware) -> None:
+def test_session_yields_to_a_longer_match_and_to_load(policy: CacheAware) -> None:
     pinned = policy.choose("m", key(10), {}, pool(0, 0, 0), session="alice").backend
     other = next(b for b in ("b0", "b1", "b2") if b != pinned)
     assert policy.choose("m", key(10), {other: 10}, pool(0, 0, 0), session="alice").backend == other
-    loads = [9 if f"b{i}" == pinned else 0 for i in range(3)]
-    route = policy.choose("m", key(10), {}, pool(*loads), session="alice")
+    # A short queue does not move it (the pin saves the next call a prefill)...
+    loads = [100 if f"b{i}" == pinned else 0 for i in range(3)]
+    route = policy.choose("m", key(10), {}, queued(*loads), session="alice")
+    assert (route.backend, route.decision) == (pinned, "affinity")
+    # ...one costing more than a prefill of the prompt does.
+    loads = [5000 if f"b{i}" == pinned else 0 for i in range(3)]
+    route = policy.choose("m", key(10), {}, queued(*loads), session="alice")
     assert route.backend != pinned
 
 
@@ -234,7 +248,10 @@ def test_fallback_hashes_the_prefix_when_the_index_is_down(policy: CacheAware) -
     }
     assert len(spread) == 3
     # What the degraded index still knows is used.
-    assert policy.choose("m", key(10), {"b2": 10}, pool(0, 0, 0), index_ok=False).decision == "hit"
+    pinned = policy.choose("m", key(10), {}, pool(0, 0, 0), index_ok=False).backend
+    held = next(b for b in ("b0", "b1", "b2") if b != pinned)
+    route = policy.choose("m", key(10), {held: 10}, pool(0, 0, 0), index_ok=False)
+    assert (route.backend, route.decision) == (held, "hit")
 
 
 def test_round_robin_cycles_per_model_over_healthy_backends() -> None:
@@ -262,12 +279,13 @@ async def test_shared_system_prompt_does_not_collapse_conversations_onto_one_bac
 ) -> None:
     """Multi-turn chats that share a system prompt, run through hasher, index and policy.
 
-    Each of 24 conversations runs 4 turns; a turn adds one call in flight at its backend
-    and the previous turn's call completes. A longest-prefix router sends all of them to
+    Each of 24 conversations runs 4 turns; a turn's calls arrive together, so each is
+    still prefilling when the next arrives (its uncached tokens queue at its backend), and
+    the previous turn's calls have completed. A longest-prefix router sends all of them to
     the backend that first saw the system prompt; this policy spreads the conversations
     and keeps every later turn on its conversation's backend. The 2,000-token prompt (an
     agent's) is the case a guard that grows with the match's length fails: valuing a match
-    by the tokens it saves (share x tokens / 512) put all 24 conversations on one backend.
+    by the tokens it saves put all 24 conversations on one backend.
     """
     hasher = PrefixHasher(PrefixSettings())
     index = MemoryIndex(RoutingSettings(), PrefixSettings())
@@ -281,6 +299,7 @@ async def test_shared_system_prompt_does_not_collapse_conversations_onto_one_bac
     in_flight = Counter({f"b{i}": 0 for i in range(3)})
     decisions: Counter[str] = Counter()
     for turn in range(4):
+        prefilling = Counter({name: 0 for name in in_flight})
         for conv, messages in history.items():
             messages.append(
                 {
@@ -291,8 +310,12 @@ async def test_shared_system_prompt_does_not_collapse_conversations_onto_one_bac
             k = hasher.key(
                 Request(endpoint="chat", model="m", body={"messages": messages}), "cl100k_base"
             )
-            cands = [Candidate(name, True, n) for name, n in in_flight.items()]
+            cands = [
+                Candidate(name, True, n, ahead=Load(queued_tokens=prefilling[name], running=n))
+                for name, n in in_flight.items()
+            ]
             route = policy.choose("m", k, await index.lookup("m", k.hashes), cands)
+            prefilling[route.backend] += route.uncached_tokens
             if turn > 0:
                 decisions[route.decision] += 1
                 in_flight[home[conv]] -= 1
@@ -307,3 +330,22 @@ async def test_shared_system_prompt_does_not_collapse_conversations_onto_one_bac
     spread = [per_backend[name] for name in in_flight]  # backends with none count as 0
     assert max(spread) - min(spread) <= 3, spread
     assert decisions["hit"] == 24 * 3
+
+
+def test_backends_that_differ_by_estimate_noise_share_new_conversations() -> None:
+    """Two backends alike, their rates learned from noisy TTFTs: their estimates differ by
+    a few milliseconds of noise, which must not send every new conversation to one."""
+    rng = random.Random(3)
+    rates = [Rates(), Rates()]
+    for r in rates:
+        for _ in range(300):
+            tokens = rng.uniform(0, 2000)
+            r.observe(tokens, 0, (0.02 + 1e-4 * tokens) * rng.uniform(0.5, 1.5))
+    assert rates[0].ttft(50, 0) != rates[1].ttft(50, 0)
+    policy = CacheAware(RoutingSettings())
+    cands = [Candidate(f"b{i}", True, 0, rates=r) for i, r in enumerate(rates)]
+    picks = Counter(
+        policy.choose("m", key(40, anchor=a), {"b0": 30, "b1": 30}, cands).backend
+        for a in range(40)
+    )
+    assert picks == Counter({"b0": 20, "b1": 20})

@@ -1,0 +1,275 @@
+"""The routing cost model: how long a call would wait for its first token on each backend.
+
+On a continuous-batching engine a call's time to first token is a fixed cost (a scheduler
+step, the HTTP hop) plus the prefill work in front of it and its own, plus a little for
+every sequence decoding beside it. So per backend
+
+    ttft = overhead + per_token * (tokens queued ahead + tokens this backend lacks)
+                    + per_running * sequences running
+
+with the three coefficients learned from what the backend did (:class:`Rates`), so a
+slow backend, a GPU or a CPU need no setting. A placement also delays the calls that
+queue behind its prefill, and a call that starts a conversation decides where the later
+ones go (:class:`Streams` counts how many follow, how often, and how much cache the live
+ones want on each backend); :func:`cost` adds both, in seconds.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+PRIOR_OVERHEAD = 0.02
+"""Seconds: one scheduler step of a mid-sized model plus the hop, before any observation."""
+PRIOR_PER_TOKEN = 1e-4
+"""Seconds per prefilled token: 10,000 tokens/s, a mid-sized model on one GPU."""
+PRIOR_PER_RUNNING = 5e-4
+"""Seconds per running sequence: a decode token each in every step the call waits through."""
+MEMORY = 200
+"""Observations the estimates average over (their forgetting horizon): enough to average
+out one noisy call, few enough to follow a backend that slows down within a minute."""
+TYPICAL_TOKENS, TYPICAL_RUNNING = 1000.0, 10.0
+"""Scales at which the priors count as observations, so a backend whose calls all look
+alike (all hits, say) keeps the prior's slope instead of an arbitrary one."""
+PRIOR_WEIGHT = (1.0, 1.0, float(MEMORY))
+"""Observations each prior counts as (overhead, per token, per running sequence). The
+running count rises and falls with the tokens queued (busy backends have more of both),
+so the fit cannot tell them apart well: that prior counts as a whole memory, and only a
+consistent excess moves it."""
+OUTLIER = 3.0
+"""An observation further than this many typical residuals from the fit counts for less
+(Huber), so one call stuck behind another replica's burst does not move the rates."""
+BUSIEST = 0.95
+"""The highest utilization the queueing term believes: above it, waits are unbounded."""
+
+
+def blend(mean: float, value: float, seen: int) -> float:
+    """The running mean after ``seen`` earlier values: exact for the first ``MEMORY``,
+    then an exponential average over about that many."""
+    weight = max(1.0 / (seen + 1), 1.0 / MEMORY)
+    return mean + weight * (value - mean)
+
+
+@dataclass(slots=True)
+class Rates:
+    """One backend's learned TTFT coefficients: weighted least squares with forgetting,
+    shrunk towards the priors (each worth one observation at its typical scale).
+
+    Also what the other terms need: what a call usually has to prefill there, and how long
+    its answer usually is (the KV cache it will hold).
+    """
+
+    overhead: float = PRIOR_OVERHEAD
+    per_token: float = PRIOR_PER_TOKEN
+    per_running: float = PRIOR_PER_RUNNING
+    uncached_per_call: float = TYPICAL_TOKENS
+    completion_per_call: float = TYPICAL_TOKENS / 4
+    observations: int = 0
+    _xx: list[list[float]] = field(default_factory=lambda: [[0.0] * 3 for _ in range(3)])
+    _xy: list[float] = field(default_factory=lambda: [0.0] * 3)
+    _scale: float = PRIOR_OVERHEAD
+
+    def ttft(self, tokens: float, running: float) -> float:
+        return self.overhead + self.per_token * tokens + self.per_running * running
+
+    @property
+    def error(self) -> float:
+        """Standard error of a predicted TTFT: the typical residual over the square root of
+        the observations behind the fit (at most ``MEMORY``). None yet: the estimate is
+        the prior every backend starts from, so no noise sets two backends apart."""
+        if not self.observations:
+            return 0.0
+        return self._scale / math.sqrt(min(self.observations, MEMORY))
+
+    def observe(self, tokens: float, running: float, seconds: float) -> None:
+        """A call that waited ``seconds`` for its first byte, with ``tokens`` of prefill
+        ahead of and in it and ``running`` sequences beside it."""
+        residual = abs(seconds - self.ttft(tokens, running))
+        weight = min(1.0, OUTLIER * self._scale / residual) if residual > 0 else 1.0
+        keep = 1.0 - 1.0 / MEMORY
+        self._scale = keep * self._scale + (1 - keep) * max(residual, 1e-4)
+        x = (1.0, tokens, running)
+        for i in range(3):
+            self._xy[i] = keep * self._xy[i] + weight * x[i] * seconds
+            for j in range(3):
+                self._xx[i][j] = keep * self._xx[i][j] + weight * x[i] * x[j]
+        self.observations += 1
+        self._fit()
+
+    def served(self, uncached_tokens: float, completion_tokens: int) -> None:
+        """What the backend reported for a call: the prompt tokens it prefilled and how long
+        the answer was."""
+        keep = 1.0 - 1.0 / MEMORY
+        self.uncached_per_call = keep * self.uncached_per_call + (1 - keep) * uncached_tokens
+        self.completion_per_call = keep * self.completion_per_call + (1 - keep) * completion_tokens
+
+    def _fit(self) -> None:
+        prior = (PRIOR_OVERHEAD, PRIOR_PER_TOKEN, PRIOR_PER_RUNNING)
+        scale = (1.0, TYPICAL_TOKENS**2, TYPICAL_RUNNING**2)
+        strength = [w * x for w, x in zip(PRIOR_WEIGHT, scale, strict=True)]
+        a = [[*row] for row in self._xx]
+        b = [*self._xy]
+        for i in range(3):
+            a[i][i] += strength[i]
+            b[i] += strength[i] * prior[i]
+        solved = solve3(a, b)
+        if solved is None:
+            return
+        overhead, per_token, per_running = solved
+        self.overhead = max(overhead, 0.0)
+        self.per_token = max(per_token, PRIOR_PER_TOKEN / 100)
+        self.per_running = max(per_running, 0.0)
+
+
+def solve3(a: list[list[float]], b: list[float]) -> tuple[float, float, float] | None:
+    """Gaussian elimination with partial pivoting for a 3x3 system (None if singular)."""
+    m = [[*a[i], b[i]] for i in range(3)]
+    for col in range(3):
+        pivot = max(range(col, 3), key=lambda r: abs(m[r][col]))
+        if abs(m[pivot][col]) < 1e-300:
+            return None
+        m[col], m[pivot] = m[pivot], m[col]
+        for r in range(col + 1, 3):
+            f = m[r][col] / m[col][col]
+            for c in range(col, 4):
+                m[r][c] -= f * m[col][c]
+    x = [0.0, 0.0, 0.0]
+    for r in (2, 1, 0):
+        x[r] = (m[r][3] - sum(m[r][c] * x[c] for c in range(r + 1, 3))) / m[r][r]
+    return x[0], x[1], x[2]
+
+
+LIVE_GAPS = 3.0
+"""A stream unseen for this many mean gaps between its calls has ended: an exponential
+gap runs past three means one time in twenty."""
+
+
+@dataclass(slots=True)
+class Home:
+    """Where a stream lives, and the cache it will want there."""
+
+    backend: str
+    footprint: float
+    seen: float
+
+
+class Streams:
+    """Conversations: how many more calls follow a call, how long until the next, and how
+    much of each backend's cache the live ones will want.
+
+    A call whose anchor (its conversation's opening) was not seen recently starts a
+    stream; the rest continue one. With ``f`` the share of calls that start one, a stream
+    has ``1 / f`` calls, so ``1 / f - 1`` follow its first. A placement commits those
+    later calls to the backend, so its sustained load and how much of the stream it can
+    keep cached matter. Counted per replica: replicas behind one balancer see the same
+    shares, each its own part of the streams.
+    """
+
+    def __init__(self, clock: Callable[[], float], remembered: int = 1 << 16) -> None:
+        self._clock = clock
+        self._homes: OrderedDict[int, Home] = OrderedDict()
+        """Live streams by anchor, least recently seen first."""
+        self._footprints: dict[str, float] = {}
+        self._remembered = remembered
+        self._starts = 0.5
+        """Share of calls that start a stream: before any evidence, as likely as not."""
+        self.gap = 0.0
+        """Mean seconds between a stream's consecutive calls."""
+        self._gaps = 0
+
+    @property
+    def later_calls(self) -> float:
+        return 1.0 / max(self._starts, 1.0 / MEMORY) - 1.0
+
+    def count(self, anchor: int) -> Home | None:
+        """Count a call; its stream's home, or None if it starts a stream."""
+        now = self._clock()
+        self._expire(now)
+        home = self._homes.get(anchor)
+        keep = 1.0 - 1.0 / MEMORY
+        self._starts = keep * self._starts + (1 - keep) * (home is None)
+        if home is not None:
+            self.gap = blend(self.gap, now - home.seen, self._gaps)
+            self._gaps += 1
+        return home
+
+    def footprint(self, backend: str) -> float:
+        """Tokens the live streams homed on ``backend`` will want cached there."""
+        return self._footprints.get(backend, 0.0)
+
+    def place(self, anchor: int, backend: str, footprint: float) -> None:
+        """The stream's call went to ``backend``; ``footprint``: what it will want there."""
+        self._leave(anchor)
+        self._homes[anchor] = Home(backend, footprint, self._clock())
+        self._footprints[backend] = self.footprint(backend) + footprint
+        if len(self._homes) > self._remembered:
+            self._leave(next(iter(self._homes)))
+
+    def _leave(self, anchor: int) -> None:
+        home = self._homes.pop(anchor, None)
+        if home is not None:
+            self._footprints[home.backend] = max(self.footprint(home.backend) - home.footprint, 0)
+
+    def _expire(self, now: float) -> None:
+        if self.gap <= 0:
+            return
+        while self._homes:
+            anchor, home = next(iter(self._homes.items()))
+            if now - home.seen < LIVE_GAPS * self.gap:
+                return
+            self._leave(anchor)
+
+
+@dataclass(slots=True, frozen=True)
+class Load:
+    """What a backend has in front of a new call, as routing sees it when choosing."""
+
+    queued_tokens: float = 0.0
+    """Prompt tokens dispatched there and not yet prefilled (ours, and an estimate of
+    other replicas' from the engine's waiting queue)."""
+    running: int = 0
+    """Sequences in the engine: our calls in flight and other replicas'."""
+    utilization: float = 0.0
+    """Share of the time the backend has prefill work queued (as arrivals find it) or of
+    its KV cache its running sequences hold, whichever is higher."""
+    free_tokens: float = float("inf")
+    """KV cache not held by running sequences: what cached prefixes can live in."""
+
+
+def evicted(free_tokens: float, wanted: float) -> float:
+    """The share of what the live streams want cached that a cache of ``free_tokens``
+    will have evicted by their next calls: ``exp(-free / wanted)``, Che's approximation of
+    an LRU cache whose items are reused at the same rate. It grows smoothly with the
+    crowding, so streams spread in proportion to what each cache can keep, instead of
+    all going to whichever cache is not full yet until it is."""
+    if wanted <= 0:
+        return 0.0
+    return math.exp(-free_tokens / wanted)
+
+
+def cost(
+    rates: Rates, load: Load, uncached: float, later_calls: float, footprint: float, wanted: float
+) -> float:
+    """Seconds this placement costs: this call's TTFT there and the delay its prefill
+    adds to the calls that queue behind it, then for each of ``later_calls`` the queueing
+    it can expect there and the prefill of its stream's ``footprint`` (what it will want
+    cached) in the share the cache cannot keep, with the other live streams there wanting
+    ``wanted``.
+
+    Queueing is M/M/1's: at utilization ``u`` a call waits ``s * u / (1 - u)`` for work of
+    mean ``s`` ahead of it, and work added now delays ``u / (1 - u)`` calls behind it. The
+    later terms are what spread conversations that all share one long system prompt, which
+    the first alone would pile onto whichever backend is momentarily idlest, or onto the
+    one that alone holds the prompt: there their histories would outgrow the cache.
+    """
+    u = min(load.utilization, BUSIEST)
+    crowd = u / (1.0 - u)
+    prefill = rates.per_token * uncached
+    now = rates.ttft(load.queued_tokens, load.running) + prefill * (1.0 + crowd)
+    if later_calls <= 0:
+        return now
+    service = rates.overhead + rates.per_token * rates.uncached_per_call
+    lost = evicted(load.free_tokens, wanted + footprint)
+    return now + later_calls * (service * crowd + rates.per_token * footprint * lost)

@@ -1,0 +1,101 @@
+import math
+import random
+
+import pytest
+
+from gateway.stages.costs import PRIOR_PER_TOKEN, Load, Rates, Streams, cost, evicted
+
+
+def test_rates_start_at_the_priors() -> None:
+    assert Rates().ttft(1000, 0) == pytest.approx(0.02 + 1000 * PRIOR_PER_TOKEN)
+
+
+def test_rates_learn_a_backend_from_its_ttfts() -> None:
+    """A backend twice as slow as the prior with a 50 ms overhead, timed with noise."""
+    rng = random.Random(1)
+    rates = Rates()
+    for _ in range(600):
+        tokens, running = rng.uniform(0, 4000), rng.randint(0, 30)
+        seconds = 0.05 + 2e-4 * tokens + 1e-3 * running
+        rates.observe(tokens, running, seconds * rng.uniform(0.9, 1.1))
+    assert rates.per_token == pytest.approx(2e-4, rel=0.1)
+    assert rates.overhead == pytest.approx(0.05, abs=0.015)
+    assert rates.per_running == pytest.approx(1e-3, rel=0.3)
+
+
+def test_one_stuck_call_barely_moves_the_rates() -> None:
+    rng = random.Random(2)
+    rates = Rates()
+    for _ in range(300):
+        tokens = rng.uniform(0, 2000)
+        rates.observe(tokens, 0, 0.02 + 1e-4 * tokens)
+    before = rates.per_token
+    rates.observe(100, 0, 5.0)  # behind another replica's burst
+    assert rates.per_token == pytest.approx(before, rel=0.05)
+
+
+def test_calls_that_all_look_alike_keep_the_prior_slope() -> None:
+    rates = Rates()
+    for _ in range(500):
+        rates.observe(32, 0, 0.015)  # all hits: 32 tokens to prefill
+    assert rates.ttft(32, 0) == pytest.approx(0.015, rel=0.1)
+    assert rates.per_token == pytest.approx(PRIOR_PER_TOKEN, rel=0.5)
+
+
+def test_streams_count_the_calls_that_follow_a_first_and_the_gap() -> None:
+    now = [0.0]
+    streams = Streams(lambda: now[0])
+    for conversation in range(200):
+        for turn in range(6):
+            now[0] += 0.5
+            home = streams.count(conversation)
+            assert (home is None) == (turn == 0)
+            streams.place(conversation, "b0", 100)
+    assert streams.later_calls == pytest.approx(5, rel=0.1)
+    assert streams.gap == pytest.approx(0.5)
+    for question in range(10_000, 12_000):
+        streams.count(question)
+    assert streams.later_calls < 0.05
+
+
+def test_streams_know_what_each_backend_will_want_cached() -> None:
+    now = [0.0]
+    streams = Streams(lambda: now[0])
+    for conversation in range(3):
+        streams.count(conversation)
+        streams.place(conversation, "b0", 1000)
+    streams.count(0)
+    streams.place(0, "b1", 1500)  # moved, and grew
+    assert (streams.footprint("b0"), streams.footprint("b1")) == (2000, 1500)
+    # Once the mean gap is known, a stream unseen for three of them has ended.
+    now[0] = 1.0
+    streams.count(1)
+    streams.place(1, "b0", 1000)
+    assert streams.gap == pytest.approx(0.5)  # 0 and 1 s after their last calls
+    now[0] = 1.6
+    streams.count(99)
+    assert (streams.footprint("b0"), streams.footprint("b1")) == (1000, 0)
+
+
+def test_an_lru_cache_loses_more_the_more_the_live_streams_want() -> None:
+    assert evicted(free_tokens=10_000, wanted=0) == 0.0
+    assert evicted(free_tokens=10_000, wanted=1_000) == pytest.approx(math.exp(-10))
+    assert evicted(free_tokens=10_000, wanted=10_000) == pytest.approx(math.exp(-1))
+    assert evicted(free_tokens=0, wanted=1) == 1.0
+
+
+def test_cost_adds_the_later_calls_queueing_and_eviction() -> None:
+    rates = Rates()
+    busy = Load(utilization=0.5)
+    assert cost(rates, busy, 100, 0, 500, 0) == pytest.approx(
+        rates.ttft(0, 0) + rates.per_token * 100 * 2
+    )  # a call no other follows: its own TTFT, and its prefill delays one call behind it
+    idle = cost(rates, Load(), 100, 5, 500, 0)
+    assert idle == pytest.approx(rates.ttft(100, 0))
+    service = rates.overhead + rates.per_token * rates.uncached_per_call
+    assert cost(rates, busy, 100, 5, 500, 0) - cost(rates, busy, 100, 0, 500, 0) == (
+        pytest.approx(5 * service)
+    )
+    full = cost(rates, Load(free_tokens=2000), 100, 5, 500, 1500)
+    assert full - idle == pytest.approx(5 * rates.per_token * 500 * math.exp(-1))
+    assert cost(rates, Load(utilization=1.0), 100, 5, 500, 0) < float("inf")

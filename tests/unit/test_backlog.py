@@ -1,0 +1,50 @@
+import pytest
+
+from gateway.backlog import Backlog
+from gateway.flow import Call, PrefixKey, Request, Route
+
+
+def call(i: int, uncached: int, *, stream: bool = True, expected: float = 0.1) -> Call:
+    c = Call(id=f"c{i}", path="/v1/chat/completions")
+    c.request = Request(endpoint="chat", model="m", body={}, stream=stream, max_tokens=10)
+    c.prefix = PrefixKey(tokens=uncached + 100, hashes=[], block_size=16)
+    c.route = Route(backend="b", uncached_tokens=uncached, expected_ttft=expected)
+    c.dispatched_at = c.received_at
+    return c
+
+
+def test_queued_tokens_are_our_calls_still_prefilling_plus_the_engines_other_waiting() -> None:
+    backlog = Backlog(capacity_tokens=1000)
+    first, second = call(1, 300), call(2, 50)
+    backlog.admit(first)
+    backlog.admit(second)
+    assert backlog.load(waiting=0, running=0, kv_usage=0.0).queued_tokens == 350
+    first.first_byte_at = first.dispatched_at  # its prompt is prefilled
+    load = backlog.load(waiting=0, running=0, kv_usage=0.0)
+    assert (load.queued_tokens, load.running) == (50, 2)
+    # Two waiting at the engine, one of them ours: the other is another replica's call.
+    backlog.scraped(None)
+    other = backlog.load(waiting=2, running=3, kv_usage=0.0)
+    assert other.queued_tokens == 50 + backlog.rates.uncached_per_call
+    backlog.release(first)
+    backlog.release(second)
+    assert backlog.load(waiting=0, running=0, kv_usage=0.0).queued_tokens == 0
+
+
+def test_a_whole_answer_counts_as_prefilling_until_its_expected_ttft() -> None:
+    backlog = Backlog()
+    backlog.admit(call(1, 300, stream=False, expected=3600.0))
+    backlog.admit(call(2, 200, stream=False, expected=0.0))
+    assert backlog.load(waiting=0, running=0, kv_usage=0.0).queued_tokens == 300
+
+
+def test_capacity_comes_from_the_engine_and_running_calls_take_their_share() -> None:
+    backlog = Backlog()
+    backlog.scraped(1000)
+    assert backlog.capacity_tokens == 1000
+    backlog.admit(call(1, 600))  # 600 to prefill + 10 asked: 610 of 1,000 its own
+    load = backlog.load(waiting=0, running=1, kv_usage=0.2)
+    assert (load.free_tokens, load.utilization) == (pytest.approx(390), pytest.approx(0.61))
+    assert backlog.load(waiting=0, running=1, kv_usage=0.8).free_tokens == pytest.approx(200)
+    backlog.scraped(None)  # an engine that stops saying keeps what it said
+    assert backlog.capacity_tokens == 1000
