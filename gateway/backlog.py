@@ -25,6 +25,8 @@ class Backlog:
     rates: Rates = field(default_factory=Rates)
     capacity_tokens: int = 0
     """KV capacity: ``num_gpu_blocks x block_size`` from the engine, else the setting."""
+    written_tokens: float = 0.0
+    """Prompt tokens our calls have had the backend prefill into its cache."""
     busy: float = 0.0
     """Share of routing decisions that found prefill work of ours queued here: arrivals
     see time averages, so this is the share of time the backend is prefilling for us."""
@@ -49,6 +51,8 @@ class Backlog:
         self._held[call.id] = tokens
         self.kv_tokens += tokens
         self._prefilling[call.id] = call
+        if call.route is not None:
+            self.written_tokens += call.route.uncached_tokens
 
     def release(self, call: Call) -> None:
         self.kv_tokens -= self._held.pop(call.id, 0.0)
@@ -76,6 +80,7 @@ class Backlog:
             running=max(running, len(self._held)),
             utilization=max(self.busy, 1 - free / capacity),
             free_tokens=free,
+            full=min(self.written_tokens / capacity, 1.0),
         )
 
     def _kv_of(self, call: Call) -> float:

@@ -290,7 +290,7 @@ def time_rates(call: Call, key: PrefixKey, route: Route, u: usage.Usage, rates: 
     byte apart from its decode, so it teaches only the shares)."""
     cached = min(u.cached_tokens / max(u.prompt_tokens, 1), 1.0)
     prefilled = key.tokens * (1 - cached)  # in the gateway's tokens, as the queue is
-    rates.served(prefilled, u.completion_tokens)
+    rates.served(cached, prefilled, u.completion_tokens)
     if call.first_byte_at is None or call.dispatched_at is None:
         return
     rates.observe(

@@ -66,6 +66,8 @@ class Rates:
     per_running: float = PRIOR_PER_RUNNING
     uncached_per_call: float = TYPICAL_TOKENS
     completion_per_call: float = TYPICAL_TOKENS / 4
+    hit_share: float = 0.0
+    """Share of prompt tokens the backend's cache served: how often what it holds is reused."""
     observations: int = 0
     _xx: list[list[float]] = field(default_factory=lambda: [[0.0] * 3 for _ in range(3)])
     _xy: list[float] = field(default_factory=lambda: [0.0] * 3)
@@ -98,10 +100,11 @@ class Rates:
         self.observations += 1
         self._fit()
 
-    def served(self, uncached_tokens: float, completion_tokens: int) -> None:
-        """What the backend reported for a call: the prompt tokens it prefilled and how long
-        the answer was."""
+    def served(self, cached_share: float, uncached_tokens: float, completion_tokens: int) -> None:
+        """What the backend reported for a call: the share of the prompt its cache served,
+        the prompt tokens it prefilled and how long the answer was."""
         keep = 1.0 - 1.0 / MEMORY
+        self.hit_share = keep * self.hit_share + (1 - keep) * cached_share
         self.uncached_per_call = keep * self.uncached_per_call + (1 - keep) * uncached_tokens
         self.completion_per_call = keep * self.completion_per_call + (1 - keep) * completion_tokens
 
@@ -236,6 +239,9 @@ class Load:
     its KV cache its running sequences hold, whichever is higher."""
     free_tokens: float = float("inf")
     """KV cache not held by running sequences: what cached prefixes can live in."""
+    full: float = 0.0
+    """Share of its KV capacity the backend has had written so far, up to 1: once full,
+    every token written evicts one."""
 
 
 def evicted(free_tokens: float, wanted: float) -> float:
@@ -252,8 +258,10 @@ def evicted(free_tokens: float, wanted: float) -> float:
 def cost(
     rates: Rates, load: Load, uncached: float, later_calls: float, footprint: float, wanted: float
 ) -> float:
-    """Seconds this placement costs: this call's TTFT there and the delay its prefill
-    adds to the calls that queue behind it, then for each of ``later_calls`` the queueing
+    """Seconds this placement costs: this call's TTFT there, the delay its prefill adds to
+    the calls that queue behind it and the prefill of what it evicts (once the cache is
+    full each token written evicts one, reused as often as the backend's cache serves
+    prompts: its cached share), then for each of ``later_calls`` the queueing
     it can expect there and the prefill of its stream's ``footprint`` (what it will want
     cached) in the share the cache cannot keep, with the other live streams there wanting
     ``wanted``.
@@ -267,7 +275,8 @@ def cost(
     u = min(load.utilization, BUSIEST)
     crowd = u / (1.0 - u)
     prefill = rates.per_token * uncached
-    now = rates.ttft(load.queued_tokens, load.running) + prefill * (1.0 + crowd)
+    evicts = load.full * rates.hit_share
+    now = rates.ttft(load.queued_tokens, load.running) + prefill * (1.0 + crowd + evicts)
     if later_calls <= 0:
         return now
     service = rates.overhead + rates.per_token * rates.uncached_per_call

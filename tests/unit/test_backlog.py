@@ -46,5 +46,8 @@ def test_capacity_comes_from_the_engine_and_running_calls_take_their_share() -> 
     load = backlog.load(waiting=0, running=1, kv_usage=0.2)
     assert (load.free_tokens, load.utilization) == (pytest.approx(390), pytest.approx(0.61))
     assert backlog.load(waiting=0, running=1, kv_usage=0.8).free_tokens == pytest.approx(200)
+    assert backlog.load(waiting=0, running=1, kv_usage=0.0).full == pytest.approx(0.6)
+    backlog.admit(call(2, 600))
+    assert backlog.load(waiting=0, running=2, kv_usage=0.0).full == 1.0
     backlog.scraped(None)  # an engine that stops saying keeps what it said
     assert backlog.capacity_tokens == 1000

@@ -99,3 +99,6 @@ def test_cost_adds_the_later_calls_queueing_and_eviction() -> None:
     full = cost(rates, Load(free_tokens=2000), 100, 5, 500, 1500)
     assert full - idle == pytest.approx(5 * rates.per_token * 500 * math.exp(-1))
     assert cost(rates, Load(utilization=1.0), 100, 5, 500, 0) < float("inf")
+    reused = Rates(hit_share=0.8)
+    written = cost(reused, Load(full=0.5), 100, 0, 0, 0) - cost(reused, Load(), 100, 0, 0, 0)
+    assert written == pytest.approx(reused.per_token * 100 * 0.5 * 0.8)

@@ -169,6 +169,24 @@ def test_a_conversation_starts_where_the_cache_can_keep_it() -> None:
     assert route.backend == "b1"
 
 
+def test_a_copy_into_a_full_cache_that_serves_well_costs_what_it_evicts() -> None:
+    """b0 holds the prompt behind a queue that outweighs one prefill of it; but b1's cache
+    is full, and serves 90% of its prompts: the copy would evict as much as it writes, and
+    that would be prefilled again."""
+    busy_home = Load(queued_tokens=1300)
+    full = Load(full=1.0)
+    cands = [
+        Candidate("b0", True, 0, rates=Rates(hit_share=0.9), ahead=busy_home),
+        Candidate("b1", True, 0, rates=Rates(hit_share=0.9), ahead=full),
+    ]
+    policy = CacheAware(RoutingSettings())
+    for question in range(1000):  # one-off questions: no conversation follows
+        policy.choose("m", key(4, anchor=question), {}, queued(0, 0))
+    assert policy.choose("m", key(64, anchor=-1), {"b0": 62}, cands).backend == "b0"
+    empty = [cands[0], Candidate("b1", True, 0, rates=Rates(hit_share=0.9))]
+    assert policy.choose("m", key(64, anchor=-2), {"b0": 62}, empty).backend == "b1"
+
+
 def test_unhealthy_backends_are_never_chosen(policy: CacheAware) -> None:
     route = policy.choose("m", key(100), {"b0": 100}, pool(0, 9, unhealthy=("b0",)))
     assert route.backend == "b1"
