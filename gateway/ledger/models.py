@@ -27,6 +27,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -133,7 +134,13 @@ class LedgerRow(Base):
         Index("ix_ledger_team_ts", "team", "ts"),
         Index("ix_ledger_key_ts", "key_id", "ts"),
         Index("ix_ledger_model_ts", "model", "ts"),
-        Index("ix_ledger_client_request_id", "client_request_id"),
+        # Partial: most calls carry no client id, and their rows then cost no index entry.
+        Index(
+            "ix_ledger_client_request_id",
+            "client_request_id",
+            postgresql_where=text("client_request_id IS NOT NULL"),
+            sqlite_where=text("client_request_id IS NOT NULL"),
+        ),
     )
 
     id: Mapped[int] = mapped_column(

@@ -24,7 +24,14 @@ ID = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
 
 def upgrade() -> None:
     op.add_column("ledger", sa.Column("client_request_id", sa.String(128)))
-    op.create_index("ix_ledger_client_request_id", "ledger", ["client_request_id"])
+    present = sa.text("client_request_id IS NOT NULL")  # rows without one cost no entry
+    op.create_index(
+        "ix_ledger_client_request_id",
+        "ledger",
+        ["client_request_id"],
+        postgresql_where=present,
+        sqlite_where=present,
+    )
     op.create_table(
         "ledger_dead_letters",
         sa.Column("id", ID, primary_key=True, autoincrement=True),
