@@ -1,11 +1,11 @@
 """Parse a client's body into a typed Request, refusing what no backend should see.
 
 Only what the gateway itself relies on is checked here (JSON object, model, the prompt
-field, stream flags, token limits); everything else is the backend's to judge, so its own
-400s pass through unchanged. The names the gateway stores on the ledger row or keys on
-(model, user, the session and request id headers) are bounded and free of control
-characters: Postgres refuses a NUL in any text column, so one such call would otherwise
-make its ledger row unwritable.
+field, chat messages' shape, nesting depth, stream flags, token limits); everything else is
+the backend's to judge, so its own 400s pass through unchanged. The names the gateway
+stores on the ledger row or keys on (model, user, the session and request id headers) are
+bounded and free of control characters: Postgres refuses a NUL in any text column, so one
+such call would otherwise make its ledger row unwritable.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ import orjson
 
 from gateway.errors import InvalidRequest
 from gateway.flow import Endpoint, Request
+from gateway.stages import messages
+from gateway.stages.messages import CONTAINERS, MAX_DEPTH
 
 PROMPT_FIELD: dict[Endpoint, str] = {
     "chat": "messages",
@@ -36,6 +38,9 @@ _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
 
 def parse(body: bytes, endpoint: Endpoint, session_header: str | None = None) -> Request:
     data = _decode(body)
+    for name, value in data.items():  # messages: checked with their shape, below
+        if type(value) in CONTAINERS and name != "messages":
+            messages.check_depth(value, MAX_DEPTH - 1, name)
     model = data.get("model")
     if not isinstance(model, str) or not model:
         raise InvalidRequest("you must provide a model parameter", param="model")
@@ -45,10 +50,8 @@ def parse(body: bytes, endpoint: Endpoint, session_header: str | None = None) ->
     field = PROMPT_FIELD[endpoint]
     if field not in data:
         raise InvalidRequest(f"Missing required parameter: '{field}'.", param=field)
-    if endpoint == "chat" and not _valid_messages(data["messages"]):
-        raise InvalidRequest(
-            "'messages' must be a non-empty array of objects with a 'role'.", param="messages"
-        )
+    if endpoint == "chat":
+        messages.check(data["messages"])
     stream = data.get("stream") is True
     user = _user(data)
     if "stream" in data and not isinstance(data["stream"], bool | None):
@@ -110,14 +113,6 @@ def _decode(body: bytes) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise InvalidRequest("The request body must be a JSON object.")
     return data
-
-
-def _valid_messages(messages: Any) -> bool:
-    return (
-        isinstance(messages, list)
-        and bool(messages)
-        and all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages)
-    )
 
 
 def _include_usage(data: dict[str, Any]) -> bool:

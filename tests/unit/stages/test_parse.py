@@ -56,7 +56,7 @@ def test_include_usage_only_counts_when_streaming() -> None:
         (b'{"messages": []}', "chat", "model"),
         (b'{"model": "m"}', "chat", "messages"),
         (b'{"model": "m", "messages": []}', "chat", "messages"),
-        (b'{"model": "m", "messages": ["hi"]}', "chat", "messages"),
+        (b'{"model": "m", "messages": ["hi"]}', "chat", "messages[0]"),
         (b'{"model": "m"}', "completions", "prompt"),
         (b'{"model": "m"}', "embeddings", "input"),
         (b'{"model": "m", "prompt": "x", "max_tokens": 0}', "completions", "max_tokens"),
