@@ -52,13 +52,10 @@ def check(messages: Any) -> None:
             "'messages' must be a non-empty array of message objects.", param="messages"
         )
     for i, message in enumerate(messages):
-        if (
-            type(message) is dict
-            and len(message) == 2
-            and type(message.get("content")) is str
-            and message.get("role") in PLAIN_ROLES
-        ):
-            continue
+        if type(message) is dict and len(message) == 2 and type(message.get("content")) is str:
+            role = message.get("role")
+            if type(role) is str and role in PLAIN_ROLES:
+                continue
         check_message(message, f"messages[{i}]")
 
 

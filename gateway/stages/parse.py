@@ -52,7 +52,7 @@ def parse(body: bytes, endpoint: Endpoint, session_header: str | None = None) ->
         raise InvalidRequest(f"Missing required parameter: '{field}'.", param=field)
     if endpoint == "chat":
         messages.check(data["messages"])
-    stream = data.get("stream") is True
+    stream = data.get("stream") is True and endpoint != "embeddings"  # embeddings never stream
     user = _user(data)
     if "stream" in data and not isinstance(data["stream"], bool | None):
         raise InvalidRequest("'stream' must be a boolean.", param="stream")

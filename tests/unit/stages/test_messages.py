@@ -47,6 +47,7 @@ BAD: list[tuple[Any, str]] = [
     ("hi", "messages[1]"),
     ({"content": "hi"}, "messages[1].role"),
     ({"role": 3, "content": "hi"}, "messages[1].role"),
+    ({"role": {"$ne": 1}, "content": "hi"}, "messages[1].role"),
     ({"role": "user"}, "messages[1].content"),
     ({"role": "user", "content": None}, "messages[1].content"),
     ({"role": "user", "content": 5}, "messages[1].content"),

@@ -120,3 +120,9 @@ def test_client_request_id_must_be_short_printable_ascii(value: str) -> None:
     with pytest.raises(InvalidRequest) as info:
         client_request_id({"x-request-id": value})
     assert (info.value.status, info.value.param) == (400, "x-request-id")
+
+
+def test_embeddings_never_stream() -> None:
+    """A stream flag on embeddings is the backend's to judge: the answer is one JSON body."""
+    req = parse(b'{"model": "m", "input": "x", "stream": true}', "embeddings")
+    assert not req.stream
