@@ -14,8 +14,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 import httpx
 
@@ -23,7 +25,16 @@ from tests.conftest import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 
-__all__ = ["ROOT", "consecutive_free_ports", "free_port", "gateway_process", "wait_http"]
+__all__ = [
+    "ROOT",
+    "Server",
+    "consecutive_free_ports",
+    "free_port",
+    "gateway_process",
+    "server_process",
+    "server_processes",
+    "wait_http",
+]
 
 
 def consecutive_free_ports(n: int) -> int:
@@ -60,6 +71,79 @@ def wait_http(
     raise RuntimeError(f"{url} did not answer within {timeout} s")
 
 
+@dataclass(frozen=True)
+class Server:
+    """A started server process: its base URL, the process, and where its output goes."""
+
+    url: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+@contextlib.contextmanager
+def server_process(
+    *args: str,
+    health_path: str = "/health",
+    port: int | None = None,
+    env: dict[str, str] | None = None,
+    timeout: float = 30,
+) -> Iterator[Server]:
+    """Run `python -m gateway <args> --port P` and yield it once it answers."""
+    with server_processes([*args, "--port", str(port or free_port())], health_path=health_path,
+                          env=env, timeout=timeout) as [server]:  # fmt: skip
+        yield server
+
+
+@contextlib.contextmanager
+def server_processes(
+    *commands: Sequence[str],
+    health_path: str = "/health",
+    env: dict[str, str] | None = None,
+    timeout: float = 30,
+) -> Iterator[list[Server]]:
+    """Start `python -m gateway <command>` for each command at once, and yield them once all
+    answer: each command ends with `--port P`. Starting together saves the seconds each
+    spends importing on a busy machine.
+
+    Each process gets SIGTERM on exit (SIGKILL after 10 s; SIGCONT first, in case a test
+    froze it), so a test that fails still leaves no server behind.
+    """
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    started: list[tuple[Server, IO[bytes]]] = []
+    try:
+        for command in commands:
+            # Output goes to a file, not a pipe: a chatty server must never block on it.
+            log_file = tempfile.NamedTemporaryFile(prefix="gw-proc-", suffix=".log", delete=False)  # noqa: SIM115
+            cmd = [sys.executable, "-m", "gateway", *command]
+            proc = subprocess.Popen(
+                cmd, cwd=ROOT, env=full_env, stdout=log_file, stderr=subprocess.STDOUT
+            )
+            url = f"http://127.0.0.1:{command[-1]}"
+            started.append((Server(url, proc, Path(log_file.name)), log_file))
+        for server, _ in started:
+            wait_http(server.url + health_path, server.proc, timeout, server.log)
+        yield [server for server, _ in started]
+    finally:
+        for server, log_file in started:
+            stop(server.proc)
+            log_file.close()
+            server.log.unlink(missing_ok=True)
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGCONT)
+        proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 @contextlib.contextmanager
 def gateway_process(
     *args: str,
@@ -68,28 +152,7 @@ def gateway_process(
     env: dict[str, str] | None = None,
     timeout: float = 30,
 ) -> Iterator[str]:
-    """Run `python -m gateway <args> --port P` and yield its base URL (http://127.0.0.1:P).
-
-    The process gets SIGTERM on exit (SIGKILL after 10 s), so a test that fails still
-    leaves no server behind.
-    """
-    port = port or free_port()
-    cmd = [sys.executable, "-m", "gateway", *args, "--port", str(port)]
-    full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
-    # Output goes to a file, not a pipe: a chatty server must never block on a full pipe.
-    log_file = tempfile.NamedTemporaryFile(prefix="gw-proc-", suffix=".log", delete=False)  # noqa: SIM115
-    log = Path(log_file.name)
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=log_file, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_http(base + health_path, proc, timeout, log)
-        yield base
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log_file.close()
-        log.unlink(missing_ok=True)
+    """Run `python -m gateway <args> --port P` and yield its base URL (http://127.0.0.1:P)."""
+    with server_process(*args, health_path=health_path, port=port, env=env,
+                        timeout=timeout) as server:  # fmt: skip
+        yield server.url
