@@ -15,6 +15,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
+import httpx
 import openai
 
 from tests.e2e.conftest import MODEL
@@ -44,7 +45,7 @@ class Outcome:
     status: int | None
     """HTTP status; None when no response came (connection error, timeout)."""
     request_id: str | None
-    """The response's x-request-id."""
+    """The gateway's id for the call (x-gateway-request-id, else x-request-id)."""
     error: str | None = None
     """Why the call failed, None if it was answered in full."""
 
@@ -141,14 +142,18 @@ async def one_call(
             stream=stream,
             **({"stream_options": {"include_usage": True}} if stream else {}),  # type: ignore[arg-type]
         )
-        status, request_id = raw.status_code, raw.headers.get("x-request-id")
+        status, request_id = raw.status_code, call_id(raw.headers)
         error = await read_answer(raw.parse(), stream)
     except openai.APIStatusError as exc:
-        status, request_id = exc.status_code, exc.response.headers.get("x-request-id")
+        status, request_id = exc.status_code, call_id(exc.response.headers)
         error = type(exc).__name__
     except Exception as exc:
         error = type(exc).__name__
     return Outcome(stream, began - start, time.monotonic() - began, status, request_id, error)
+
+
+def call_id(headers: httpx.Headers) -> str | None:
+    return headers.get("x-gateway-request-id") or headers.get("x-request-id")
 
 
 async def read_answer(answer: object, stream: bool) -> str | None:
