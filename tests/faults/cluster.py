@@ -27,6 +27,8 @@ from tests.integration.ledger.postgres import PrivatePostgres, scratch_database
 from tests.servers import Server, free_port, server_processes
 
 BACKENDS = 3
+START = 120.0
+"""Seconds four processes starting at once may take to answer on a busy 2-core machine."""
 
 
 @dataclass
@@ -140,7 +142,9 @@ def start_cluster(
         )
         sims = [["sim", "--model", MODEL, *sim_args, "--port", str(p)] for p in ports[1:]]
         gateway, *backends = stack.enter_context(
-            server_processes(["serve", "--config", str(config), "--port", str(ports[0])], *sims)
+            server_processes(
+                ["serve", "--config", str(config), "--port", str(ports[0])], *sims, timeout=START
+            )
         )
         _, key = issue_key(gateway.url, "faults", rpm=rpm)
         yield Cluster(gateway=gateway, sims=backends, key=key, db_url=db_url)

@@ -2,8 +2,8 @@
 
 Each of ``clients`` workers owns an ``AsyncOpenAI`` client (its own connection pool, no
 SDK retries: a failure the gateway lets through must show) and makes calls one after
-another, streamed and not, until the load's time is up; every call's outcome, status,
-duration and ``x-request-id`` is recorded. Calls in flight when the time is up finish
+another, streamed and not in turn, until the scenario (the fault) has played; every
+call's outcome, status, duration and call id is recorded. Calls in flight then finish
 (each is bounded by the client's timeout), so the load stops by itself.
 """
 
@@ -57,6 +57,21 @@ class Outcome:
 @dataclass
 class Load:
     outcomes: list[Outcome] = field(default_factory=list)
+    stopped: asyncio.Event = field(default_factory=asyncio.Event)
+    _recorded: asyncio.Condition = field(default_factory=asyncio.Condition)
+
+    async def record(self, outcome: Outcome) -> None:
+        async with self._recorded:
+            self.outcomes.append(outcome)
+            self._recorded.notify_all()
+
+    async def calls(self, n: int) -> None:
+        """Wait until n calls have finished (a fault strikes a load that is running)."""
+        async with self._recorded:
+            await self._recorded.wait_for(lambda: len(self.outcomes) >= n)
+
+    async def more_calls(self, n: int) -> None:
+        await self.calls(len(self.outcomes) + n)
 
     @property
     def failed(self) -> list[Outcome]:
@@ -78,42 +93,50 @@ class Load:
         )
 
 
+Scenario = Callable[[Load], Awaitable[None]]
+
+
 async def run_load(
     base_url: str,
     api_key: str,
+    scenario: Scenario,
     *,
-    duration: float,
     clients: int = 30,
-    scenario: Callable[[], Awaitable[None]] | None = None,
+    limit: float = 120.0,
     call_timeout: float = 30.0,
     think: float = 0.05,
-    seed: int = 0,
 ) -> Load:
-    """Run `clients` workers for `duration` seconds while `scenario` (the fault) plays.
+    """Run `clients` workers while `scenario` plays (the fault); the load ends with it.
 
-    The scenario runs beside the load and must end within the duration.
+    The scenario paces itself by the load's progress (``await load.calls(n)``), not by the
+    clock, so a busy machine makes the experiment slower, never different; it must end
+    within `limit` seconds, or the load stops and the experiment fails.
     """
     load = Load()
     start = time.monotonic()
-    stop_at = start + duration
 
     async def worker(n: int) -> None:
-        rng = random.Random(seed * 1000 + n)
+        rng = random.Random(n)
         async with openai.AsyncOpenAI(
             base_url=base_url + "/v1", api_key=api_key, max_retries=0, timeout=call_timeout
         ) as client:
             turn = 0
-            while time.monotonic() < stop_at:
-                stream = rng.random() < 0.5
-                load.outcomes.append(await one_call(client, n, turn, stream, start))
+            while not load.stopped.is_set():
+                stream = (n + turn) % 2 == 0
+                await load.record(await one_call(client, n, turn, stream, start))
                 turn += 1
                 await asyncio.sleep(think * rng.random() * 2)
+
+    async def play() -> None:
+        try:
+            await asyncio.wait_for(scenario(load), limit)
+        finally:
+            load.stopped.set()
 
     async with asyncio.TaskGroup() as group:
         for n in range(clients):
             group.create_task(worker(n))
-        if scenario is not None:
-            group.create_task(scenario())
+        group.create_task(play())
     return load
 
 
