@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import time
+from datetime import datetime
 from pathlib import Path
 
-from tests.faults.cluster import Stores, start_cluster
+import httpx
+
+from tests.e2e.conftest import MODEL
+from tests.faults.cluster import BACKENDS, Stores, start_cluster
 from tests.faults.conftest import Figures
 from tests.faults.load import Load, run_load
 
@@ -26,3 +31,62 @@ def test_kill_9_one_of_three_backends_fails_no_non_streamed_call(
     figures.add("kill -9 one of three backends", load)
     assert victim.proc.poll() == -signal.SIGKILL
     assert [o for o in load.of(stream=False) if not o.ok] == []
+
+
+FIRST_BYTE_TIMEOUT = 2.0
+"""The gateway's first-byte and idle timeouts here: short, so the experiment stays short."""
+
+
+def test_sigstop_one_of_three_backends_is_ejected_and_no_call_waits_past_a_retry(
+    stores: Stores, tmp_path: Path, figures: Figures
+) -> None:
+    upstream = {"first_byte_timeout": FIRST_BYTE_TIMEOUT, "idle_timeout": FIRST_BYTE_TIMEOUT}
+    with start_cluster(stores, tmp_path, upstream=upstream) as cluster:
+        victim = cluster.sims[0]
+        frozen_at: list[float] = []
+        seen_out: list[float] = []
+
+        async def freeze(load: Load) -> None:
+            await load.calls(30)
+            victim.proc.send_signal(signal.SIGSTOP)
+            frozen_at.append(time.time())
+            seen_out.append(await until_ejected(cluster.url, time.monotonic() + 10))
+            await load.more_calls(90)
+
+        start = time.time()
+        load = asyncio.run(run_load(cluster.url, cluster.key, freeze))
+        ejected = ejected_at(cluster.gateway.output(), victim.url.removeprefix("http://"))
+    out_after = ejected - frozen_at[0]
+    normal = max(o.duration for o in load.outcomes if start + o.started + o.duration < frozen_at[0])
+    figures.add(
+        "SIGSTOP one of three backends",
+        load,
+        ejected_after=f"{out_after:.2f} s",
+        seen_out_by_ready_after=f"{seen_out[0]:.2f} s",
+        normal_max=f"{normal:.2f} s",
+    )
+    assert out_after <= 2.0
+    assert load.max_duration() <= FIRST_BYTE_TIMEOUT + normal
+    assert [o for o in load.of(stream=False) if not o.ok] == []
+
+
+def ejected_at(log: str, backend: str) -> float:
+    """When the gateway ejected the backend (epoch seconds), from its log line saying so."""
+    for line in log.splitlines():
+        if f"backend {backend} ejected" in line:
+            stamp = datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
+            return stamp.timestamp()
+    raise AssertionError(f"the gateway never logged ejecting {backend}")
+
+
+async def until_ejected(url: str, deadline: float) -> float:
+    """Seconds until /ready counts one backend of the model out: the gateway's decision
+    plus the time a busy gateway takes to answer /ready."""
+    began = time.monotonic()
+    async with httpx.AsyncClient(base_url=url, timeout=5) as client:
+        while time.monotonic() < deadline:
+            ready = (await client.get("/ready")).json()
+            if ready["healthy_backends"][MODEL] < BACKENDS:
+                return time.monotonic() - began
+            await asyncio.sleep(0.05)
+    raise AssertionError("the frozen backend was never taken out")
