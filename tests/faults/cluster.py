@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -68,6 +70,16 @@ class Cluster:
     def ledger_rows(self) -> list[asyncpg.Record]:
         return ledger_rows(self.db_url)
 
+    def rows_by_call(self, calls: set[str | None], deadline: float) -> Counter[str]:
+        """Ledger rows per call id (0 for a call without one), once every call has a row
+        (a spool replays after an outage) or the deadline passed."""
+        while True:
+            rows = Counter(r["request_id"] for r in self.ledger_rows())
+            found = Counter({c: rows[c] for c in calls if c is not None})
+            if all(found.values()) or time.monotonic() > deadline:
+                return found
+            time.sleep(0.5)
+
 
 def scrape(url: str, name: str, **labels: str) -> float:
     text = httpx.get(url + "/metrics", timeout=10).text
@@ -120,7 +132,6 @@ def gateway_sections(stores: Stores, db_url: str, **sections: Any) -> dict[str, 
         "database": {"url": db_url, "auto_migrate": True},
         "redis": {"url": stores.redis_url, "key_prefix": f"gwfault:{uuid.uuid4().hex[:8]}:"},
         "auth": {"admin_key": ADMIN, "pepper": PEPPER},
-        "upstream": {"health_interval": 0.5, "health_timeout": 0.5},
     }
     for name, values in sections.items():
         base[name] = {**base.get(name, {}), **values}

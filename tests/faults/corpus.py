@@ -262,7 +262,7 @@ PROMPTS = [
     Hostile("input an object", encode({"model": MODEL, "input": {"a": 1}}), EMBEDDINGS),
     Hostile("input of nulls", encode({"model": MODEL, "input": [None, None]}), EMBEDDINGS),
     Hostile("input of empty lists", encode({"model": MODEL, "input": [[], []]}), EMBEDDINGS),
-    Hostile("input of 3,000 strings", encode({"model": MODEL, "input": ["a"] * 3000}), EMBEDDINGS),
+    Hostile("input of 300 strings", encode({"model": MODEL, "input": ["a"] * 300}), EMBEDDINGS),
     bad("input nested 300 levels", encode({"model": MODEL, "input": nested(300)}), "input[0].a",
         EMBEDDINGS),
     Hostile("encoding_format junk", encode({"model": MODEL, "input": "a", "encoding_format": 5}),
@@ -293,9 +293,20 @@ HEADERS = [
 MAX_BODY = 2 * 1024 * 1024
 """The corpus's gateway refuses bodies larger than this (server.max_body_bytes)."""
 
+OVERSIZED = [
+    Hostile("body over the limit", user("x" * (MAX_BODY + 1)), status=413),
+    Hostile("declared length over the limit", chat(), content_length=False, status=413,
+            headers=((b"content-length", b"1000000000000"),)),
+    Hostile("chunked body over the limit", b"%x\r\n" % (MAX_BODY + 10) + b"x" * (MAX_BODY + 10)
+            + b"\r\n0\r\n\r\n", content_length=False, status=413,
+            headers=((b"transfer-encoding", b"chunked"),)),
+    Hostile("chunked body", b"%x\r\n" % len(chat()) + chat() + b"\r\n0\r\n\r\n",
+            content_length=False, headers=((b"transfer-encoding", b"chunked"),)),
+]  # fmt: skip
+
 CORPUS: list[Hostile] = [
     *MALFORMED_JSON, *INVALID_UTF8, *CONTENT_TYPES, *MODEL_FIELD, *MESSAGES, *NUMBERS,
-    *USER_FIELD, *PROMPTS, *HEADERS,
+    *USER_FIELD, *PROMPTS, *HEADERS, *OVERSIZED,
 ]  # fmt: skip
 
 REFUSED_BY_HTTP: list[tuple[str, Headers]] = [

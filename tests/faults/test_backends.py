@@ -40,7 +40,8 @@ FIRST_BYTE_TIMEOUT = 2.0
 def test_sigstop_one_of_three_backends_is_ejected_and_no_call_waits_past_a_retry(
     stores: Stores, tmp_path: Path, figures: Figures
 ) -> None:
-    upstream = {"first_byte_timeout": FIRST_BYTE_TIMEOUT, "idle_timeout": FIRST_BYTE_TIMEOUT}
+    upstream = {"first_byte_timeout": FIRST_BYTE_TIMEOUT, "idle_timeout": FIRST_BYTE_TIMEOUT,
+                "health_interval": 0.5, "health_timeout": 0.5}  # fmt: skip
     with start_cluster(stores, tmp_path, upstream=upstream) as cluster:
         victim = cluster.sims[0]
         frozen_at: list[float] = []
@@ -86,7 +87,7 @@ async def until_ejected(url: str, deadline: float) -> float:
     async with httpx.AsyncClient(base_url=url, timeout=5) as client:
         while time.monotonic() < deadline:
             ready = (await client.get("/ready")).json()
-            if ready["healthy_backends"][MODEL] < BACKENDS:
+            if ready["backends"][MODEL]["healthy"] < BACKENDS:
                 return time.monotonic() - began
             await asyncio.sleep(0.05)
     raise AssertionError("the frozen backend was never taken out")
