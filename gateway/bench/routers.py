@@ -115,12 +115,15 @@ async def front_of(
 
 
 def rust_router(setup: Setup, urls: list[str], port: int, routers: Path) -> list[str]:
+    """The command line; its metrics exporter gets a free port of its own (both routers
+    default to 29000, so a second router on the machine would fail to start)."""
     sglang = setup.router == "sglang-router"
     launch, level = (["launch"], "warn") if sglang else ([], "warning")
     exe = routers / setup.router
     if not exe.exists():
         exe = Path(shutil.which(setup.router) or exe)
     return [str(exe), *launch, "--host", "127.0.0.1", "--port", str(port),
+            "--prometheus-port", str(cluster.free_ports(1)),
             "--worker-urls", *urls, "--worker-startup-check-interval", "1",
             "--log-level", level, *setup.args]  # fmt: skip
 
