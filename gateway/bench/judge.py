@@ -178,7 +178,7 @@ def markdown_checks(checks: Sequence[Check]) -> str:
 def _check_rows(checks: Sequence[Check]) -> dict[tuple[str, int, str], dict[str, str]]:
     rows: dict[tuple[str, int, str], dict[str, str]] = {}
     for c in checks:
-        fmt = ".2f" if c.goal.startswith(("hit", "max")) else ".0f"
+        fmt = ".3f" if c.goal.startswith("hit") else ".2f" if c.goal.startswith("max") else ".0f"
         cell = f"{'ok' if c.ok else 'NO'} {c.mine:{fmt}} / {c.reference:{fmt}}"
         rows.setdefault((c.scenario, c.seed, c.window), {})[c.goal] = cell
     return rows

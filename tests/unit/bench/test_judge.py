@@ -82,7 +82,7 @@ def test_tables_name_every_check() -> None:
     rows = [result("gw-cache-aware", 0.9, 30, 100, 1.0), result("sticky", 0.9, 30, 90, 1.0)]
     checks = judge(rows)
     text = render_checks(checks)
-    assert "ok 0.90 / 0.87" in text
+    assert "ok 0.900 / 0.873" in text
     assert text.splitlines()[-1] == "4 of 4 checks met"
-    assert markdown_checks(checks).splitlines()[2].startswith("| agents | 0 | whole | ok 0.90")
+    assert markdown_checks(checks).splitlines()[2].startswith("| agents | 0 | whole | ok 0.900")
     assert markdown(rows).splitlines()[2] == "| gw-cache-aware | 0.90 / 30 / 100 / 1.00 |"
