@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import json
 import os
+import random
 import socket
 import subprocess
 import tempfile
@@ -82,16 +83,17 @@ class Row:
 
 
 def free_port_pair() -> int:
-    for _ in range(100):
-        with socket.socket() as a:
-            a.bind(("127.0.0.1", 0))
-            base = int(a.getsockname()[1])
-            try:
-                with socket.socket() as b:
-                    b.bind(("127.0.0.1", base + 1))
-                    return base
-            except OSError:
-                continue
+    """Two consecutive free ports below the ephemeral range: vLLM binds them only after a
+    minute or more of start-up, and an ephemeral port may be some client's by then."""
+    for _ in range(200):
+        base = random.randrange(20000, 30000)
+        try:
+            with socket.socket() as a, socket.socket() as b:
+                a.bind(("127.0.0.1", base))
+                b.bind(("127.0.0.1", base + 1))
+                return base
+        except OSError:
+            continue
     raise RuntimeError("no two consecutive free ports")
 
 
