@@ -22,12 +22,13 @@ import argparse
 import asyncio
 import contextlib
 import os
+import signal
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 
@@ -49,6 +50,7 @@ from gateway.bench.runner import Options, run
 from gateway.sim.config import SimConfig
 
 UNLIMITED_BLOCKS = 10_000_000
+T = TypeVar("T")
 QUICK_DURATION = 8.0
 
 
@@ -248,6 +250,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     return execute(parse_args(argv))
 
 
+async def stopped_by_sigterm(work: Coroutine[Any, Any, T]) -> T:
+    """Run work; SIGTERM cancels it, so every cluster and router it started is stopped
+    (by default SIGTERM would end this process and leave them running)."""
+    task = asyncio.current_task()
+    assert task is not None
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+    return await work
+
+
 def execute(args: argparse.Namespace) -> int:
     if args.from_json:
         results = [Result(**row) for path in args.from_json for row in orjson.loads(
@@ -255,7 +266,8 @@ def execute(args: argparse.Namespace) -> int:
     else:
         setups = [SETUPS[name] for name in args.configs]
         seeds = args.seeds[:1] if args.quick else args.seeds
-        results = asyncio.run(campaign(chosen(args), setups, seeds, bench_from(args), args.json))
+        work = campaign(chosen(args), setups, seeds, bench_from(args), args.json)
+        results = asyncio.run(stopped_by_sigterm(work))
     checks = judge.judge(results)
     print(judge.render(results))
     print(judge.render_misses(results))
