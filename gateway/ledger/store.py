@@ -6,8 +6,8 @@ committed COPY is new. Only a
 batch that hits the unique request_id (a replay after a commit whose reply was lost, or
 a spool replayed twice) is written the careful way: COPY into a per-connection staging
 table and ``INSERT ... SELECT ... ON CONFLICT (request_id) DO NOTHING RETURNING``, so a
-replayed batch never counts a call twice. SQLite gets the same conflict rule through a
-multi-row insert.
+replayed batch never counts a call twice. SQLite gets the same conflict rule through the
+same staging shape (see ``_insert_sqlite``).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from decimal import Decimal
 from typing import Any
 
 import asyncpg
-from sqlalchemy import select
+from sqlalchemy import Column, MetaData, Table, select, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -38,6 +38,20 @@ _MERGE = (
     f"INSERT INTO ledger ({_COLS}) SELECT {_COLS} FROM ledger_stage "
     "ON CONFLICT (request_id) DO NOTHING RETURNING request_id"
 )
+_SQLITE_STAGE = text(
+    f"CREATE TEMP TABLE IF NOT EXISTS ledger_stage AS SELECT {_COLS} FROM ledger WHERE 0"
+)
+_SQLITE_STAGE_ROWS = Table(
+    "ledger_stage",
+    MetaData(),
+    *(Column(c.name, c.type) for c in LedgerRow.__table__.columns if c.name in ROW_COLUMNS),
+)
+"""The staging table's columns, with the ledger's types, so values bind as they would there."""
+_SQLITE_MERGE = text(
+    f"INSERT INTO ledger ({_COLS}) SELECT {_COLS} FROM temp.ledger_stage WHERE true "
+    "ON CONFLICT (request_id) DO NOTHING RETURNING request_id"
+)
+_SQLITE_UNSTAGE = text("DELETE FROM temp.ledger_stage")
 
 
 class RowSink:
@@ -143,9 +157,18 @@ async def _copy_rows(pg: asyncpg.Connection, rows: Sequence[Row]) -> set[str] | 
 
 
 async def _insert_sqlite(conn: AsyncConnection, rows: Sequence[Row]) -> list[Row]:
-    stmt = sqlite.insert(LedgerRow).on_conflict_do_nothing(index_elements=["request_id"])
-    result = await conn.execute(stmt.returning(LedgerRow.request_id), [r.values() for r in rows])
+    """Stage the batch in a temp table (one executemany), then merge it into the ledger.
+
+    Every batch runs the same four statements whatever its size. A multi-row
+    ``INSERT ... RETURNING`` was a new statement for each batch size, and the sqlite3
+    module keeps the last 128 statements prepared: up to ~1,000 rows of 30 parameters
+    each, which grew a busy embedded gateway by ~300 MB before it levelled off.
+    """
+    await conn.execute(_SQLITE_STAGE)
+    await conn.execute(_SQLITE_STAGE_ROWS.insert(), [r.values() for r in rows])
+    result = await conn.execute(_SQLITE_MERGE)
     new = set(result.scalars().all())
+    await conn.execute(_SQLITE_UNSTAGE)
     await conn.commit()
     return _new_rows(rows, new)
 
