@@ -111,8 +111,10 @@ class PrefixSettings(Section):
     block_size: int = Field(16, ge=1)
     max_blocks: int = Field(2048, ge=1)
     """Prompts longer than block_size * max_blocks are hashed only up to that point."""
-    token_cache_size: int = Field(8192, ge=0)
-    """Tokenized pieces of prompt text kept (LRU): multi-turn calls resend their history."""
+    token_cache_mb: float = Field(16.0, ge=0)
+    """MiB of tokenized prompt pieces kept (LRU): multi-turn calls resend their history.
+    The bound counts each piece's text and tokens; 16 MiB holds about 4,000 pieces of
+    2,000 characters."""
 
 
 class RoutingSettings(Section):

@@ -15,9 +15,9 @@ resend their whole history every turn, and long prompts often share documents.
 from __future__ import annotations
 
 import array
-import functools
 import hashlib
-from collections.abc import Callable
+import sys
+from collections import OrderedDict
 from typing import Any
 
 import orjson
@@ -46,9 +46,7 @@ class PrefixHasher:
         self._block = settings.block_size
         self._max_blocks = settings.max_blocks
         self._encodings: dict[str, tiktoken.Encoding] = {}
-        self._piece_tokens: Callable[[str, str], bytes] = functools.lru_cache(
-            maxsize=settings.token_cache_size
-        )(self._tokenize)
+        self._pieces = PieceCache(int(settings.token_cache_mb * 2**20))
 
     def encoding(self, name: str) -> tiktoken.Encoding:
         """The named encoding, loaded once; an unknown or unloadable one is a settings error."""
@@ -105,8 +103,57 @@ class PrefixHasher:
     def _text_tokens(self, encoding: str, text: str) -> bytes:
         return b"".join(self._piece_tokens(encoding, piece) for piece in pieces(text))
 
+    def _piece_tokens(self, encoding: str, piece: str) -> bytes:
+        key = (encoding, piece)
+        tokens = self._pieces.get(key)
+        if tokens is None:
+            tokens = self._tokenize(encoding, piece)
+            self._pieces.put(key, tokens)
+        return tokens
+
     def _tokenize(self, encoding: str, text: str) -> bytes:
         return array.array("I", self.encoding(encoding).encode_ordinary(text)).tobytes()
+
+
+class PieceCache:
+    """Tokenized pieces of prompt text, least recently used first out, within a byte budget.
+
+    Bounded by bytes, not entries: a piece is up to ``PIECE_CHARS`` characters plus the
+    rest of its line, and a line can be as long as a request body, so a count of entries
+    would bound nothing. Each entry is charged its text, its tokens and ``ENTRY_OVERHEAD``
+    for the key tuple and the dict's node; a piece larger than an eighth of the budget is
+    not kept (tokenizing it again costs less than evicting the pieces that make hits).
+    """
+
+    ENTRY_OVERHEAD = 200
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self.used = 0
+        self._entries: OrderedDict[tuple[str, str], bytes] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, key: tuple[str, str]) -> bytes | None:
+        tokens = self._entries.get(key)
+        if tokens is not None:
+            self._entries.move_to_end(key)
+        return tokens
+
+    def put(self, key: tuple[str, str], tokens: bytes) -> None:
+        cost = _cost(key, tokens)
+        if cost > self.budget // 8 or key in self._entries:
+            return
+        self._entries[key] = tokens
+        self.used += cost
+        while self.used > self.budget:
+            old_key, old_tokens = self._entries.popitem(last=False)
+            self.used -= _cost(old_key, old_tokens)
+
+
+def _cost(key: tuple[str, str], tokens: bytes) -> int:
+    return sys.getsizeof(key[1]) + sys.getsizeof(tokens) + PieceCache.ENTRY_OVERHEAD
 
 
 def load_encoding(name: str) -> tiktoken.Encoding:

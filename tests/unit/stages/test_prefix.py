@@ -6,7 +6,13 @@ import pytest
 
 from gateway.flow import Request
 from gateway.settings import PrefixSettings, SettingsError
-from gateway.stages.prefix import PIECE_CHARS, PrefixHasher, load_encoding, pieces
+from gateway.stages.prefix import (
+    PIECE_CHARS,
+    PieceCache,
+    PrefixHasher,
+    load_encoding,
+    pieces,
+)
 
 ENC = "cl100k_base"
 
@@ -50,7 +56,7 @@ def test_same_block_at_another_depth_hashes_differently(hasher: PrefixHasher) ->
 def test_keys_are_deterministic_across_hashers_and_cache_sizes() -> None:
     req = chat(("system", "You are terse."), ("user", "Tell me about tides. " * 20))
     cached = PrefixHasher(PrefixSettings())
-    uncached = PrefixHasher(PrefixSettings(token_cache_size=0))
+    uncached = PrefixHasher(PrefixSettings(token_cache_mb=0))
     first = cached.key(req, ENC)
     assert cached.key(req, ENC) == first
     assert uncached.key(req, ENC) == first
@@ -209,3 +215,29 @@ def test_reply_key_is_the_next_turns_prefix(hasher: PrefixHasher) -> None:
     assert len(after.hashes) > 3 * len(now.hashes)
     assert hasher.reply_key(turn, ENC, "") is None
     assert hasher.reply_key(completion("Once upon a time"), ENC, "there was") is None
+
+
+def test_piece_cache_stays_within_its_byte_budget() -> None:
+    cache = PieceCache(budget=64 * 1024)
+    for i in range(2000):
+        cache.put((ENC, f"piece {i} " + "x" * 500), b"\0" * 512)
+    assert 0 < cache.used <= cache.budget
+    assert len(cache) < 2000
+    assert cache.get((ENC, "piece 1999 " + "x" * 500)) is not None  # the newest stay
+    assert cache.get((ENC, "piece 0 " + "x" * 500)) is None  # the oldest went first
+
+
+def test_piece_cache_skips_a_piece_too_big_to_share_the_budget() -> None:
+    cache = PieceCache(budget=64 * 1024)
+    cache.put((ENC, "small"), b"\0" * 8)
+    cache.put((ENC, "y" * 20_000), b"\0" * 20_000)
+    assert len(cache) == 1
+    assert cache.get((ENC, "small")) is not None
+
+
+def test_hasher_keeps_its_token_cache_within_the_setting() -> None:
+    hasher = PrefixHasher(PrefixSettings(token_cache_mb=0.25))
+    for i in range(400):
+        hasher.key(chat(("user", f"question {i}: " + "tides and currents " * 60)), ENC)
+    assert hasher._pieces.used <= 0.25 * 2**20
+    assert len(hasher._pieces) < 400
