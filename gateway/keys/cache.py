@@ -95,6 +95,11 @@ class LookupCache(Generic[V]):
             # The caller that was loading went away: load for ourselves.
         return await self._load(key, load, entry)
 
+    def peek(self, key: Hashable) -> V | None:
+        """The value held for key, fresh or not (None when there is none)."""
+        entry = self._entries.get(key)
+        return entry.value if entry is not None else None
+
     def clear(self) -> None:
         self._entries.clear()
         self._stale.clear()

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from datetime import UTC, datetime
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -159,17 +159,30 @@ class KeyRing:
     async def _lookup(self, token: str, header: str) -> Grant | None:
         """A cache miss: find the key by its stored hash (one query per header and ttl)."""
         try:
-            return await self._cache.get(header, lambda: self._find(token))
+            return await self._cache.get(header, lambda: self._find(token, header))
         except DB_ERRORS as exc:
             raise StoreUnavailable("The key store is unavailable; try again shortly.") from exc
 
-    async def _find(self, token: str) -> Grant | None:
+    async def _find(self, token: str, header: str) -> Grant | None:
         found = await store.find_key(self._engine, hash_secret(token, self._settings.pepper))
         if found is None:
             return None
         key, team = found
         expires = key.expires_at.timestamp() if key.expires_at is not None else None
-        return Grant(principal(key, team), expires, key.disabled_at is not None)
+        return Grant(self._same(header, principal(key, team)), expires, key.disabled_at is not None)
+
+    def _same(self, header: str, new: Principal) -> Principal:
+        """The principal this header had before when nothing in it changed.
+
+        Principals compare by identity (the limits stage keeps a plan per principal, the
+        Redis limiter a shape per plan), so handing out a new object at every reload would
+        build both again every ``cache_ttl`` for every key in use, and keep the old ones
+        until their bounds are reached.
+        """
+        old = self._cache.peek(header)
+        if old is not None and astuple(old.principal) == astuple(new):
+            return old.principal
+        return new
 
     def _admit(self, grant: Grant | None) -> Principal:
         if grant is None:

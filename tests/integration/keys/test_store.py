@@ -211,3 +211,24 @@ async def test_month_spend_is_one_aggregate_of_this_month_and_today(engine: Asyn
     assert a.today == (Decimal("3.5000000003") if first_day else Decimal("1.5000000003"))
     assert (got["key_b"].team, got["key_b"].month, got["key_b"].today) == (
         "ops", Decimal("0.25"), Decimal("0.25"))  # fmt: skip
+
+
+async def test_a_reload_keeps_the_principal_of_an_unchanged_key(engine: AsyncEngine) -> None:
+    """Principals compare by identity, and the limits stage keeps a plan per principal:
+    a new object at every reload would make plans pile up to their bound."""
+    ttl = 0.2
+    keys = ring(engine, ttl=ttl)
+    await keys.create_team(TeamSpec(name="eng", rpm=100))
+    key, secret = await keys.create_key(KeySpec(team="eng", rpm=10, budget_usd=Decimal("2")))
+    header = f"Bearer {secret}"
+    first = await keys.authenticate(header)
+    await asyncio.sleep(ttl * 1.5)
+    assert keys.known(header) is None  # expired: the next call loads the key again
+    assert await keys.authenticate(header) is first
+    async with engine.begin() as conn:
+        await conn.exec_driver_sql(f"UPDATE api_keys SET rpm = 11 WHERE id = '{key.id}'")
+    await asyncio.sleep(ttl * 1.5)
+    changed = await keys.authenticate(header)
+    assert changed is not first
+    assert changed.rpm == 11
+    await keys.aclose()
