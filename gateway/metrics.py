@@ -203,6 +203,13 @@ class GatewayMetrics:
             registry=registry,
             multiprocess_mode="mostrecent",
         )
+        self.python_blocks = Gauge(
+            "gateway_python_allocated_blocks",
+            "Blocks Python's allocator holds for live objects in this process, measured at "
+            "scrape time: a heap that keeps growing shows here before it shows as RSS.",
+            registry=registry,
+            multiprocess_mode="liveall",
+        )
 
     def child(self, metric: M, *values: str) -> M:
         """``metric.labels(*values)``, remembered.

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import orjson
 from fastapi import APIRouter
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -30,8 +32,9 @@ async def ready(svc: ServicesDep) -> Response:
 
 @router.get("/metrics")
 async def metrics(svc: ServicesDep) -> Response:
-    """Prometheus exposition; the index is measured here, off the request path."""
+    """Prometheus exposition; the index and the heap are measured here, off the request path."""
     svc.metrics.index_size.set(await svc.index.size())
     svc.keys.stale()  # sets its gauges
+    svc.metrics.python_blocks.set(sys.getallocatedblocks())
     text = render(svc.registry, svc.settings.metrics_multiproc_dir)
     return Response(text, media_type=CONTENT_TYPE_LATEST)

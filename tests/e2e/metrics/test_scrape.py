@@ -83,6 +83,7 @@ def test_routing_connections_and_backend_gauges(
     assert connected <= backends
     assert 1 <= opened < exp.dispatched
     assert got.total("gateway_prefix_index_handles") > 0
+    assert got.total("gateway_python_allocated_blocks") > 100_000  # the heap, not a count
     assert got.total("gateway_upstream_retries_total") == 0
     assert got.total("gateway_client_disconnects_total") == 0
 
