@@ -69,7 +69,7 @@ def process(
     log: Path,
     timeout: float = 90,
     env: dict[str, str] | None = None,
-) -> Iterator[None]:
+) -> Iterator[subprocess.Popen[bytes]]:
     with log.open("w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
         try:
@@ -83,7 +83,7 @@ def process(
                 time.sleep(0.2)
             else:
                 raise RuntimeError(f"{cmd} did not come up within {timeout} s")
-            yield
+            yield proc
         finally:
             proc.terminate()
             try:
