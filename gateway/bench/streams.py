@@ -4,8 +4,8 @@
 
 One simulator that paces its tokens (a decode step every ``--step-ms``, room for every
 stream at once), the gateway (embedded defaults but for the backend: SQLite ledger,
-in-process index, no keys) and vllm-router in front of it. For each N, in rising order,
-it opens N streamed chat calls to each target at once, waits until every one has
+in-process index, no keys) and vllm-router in front of it (KV room for every stream's
+whole answer, as the simulator reserves it). For each N, in rising order, it opens N streamed chat calls to each target at once, waits until every one has
 received its first chunk, samples each target's RSS, then closes them all (the targets
 cancel their upstream calls). The cost per open stream is (RSS with N open - RSS before
 the first stream) / N. Everything listens on 127.0.0.1; the open-file limit is raised to
@@ -29,13 +29,16 @@ import httpx
 from gateway.bench.overhead import free_port, process
 from gateway.bench.soak import MODEL, rss_mb
 
+TOKENS = 600
+"""Each stream's length: ten minutes at the default step, longer than any level takes."""
+
 
 async def hold(session: aiohttp.ClientSession, url: str, i: int, opened: asyncio.Event,
                count: list[int], n: int, stop: asyncio.Event) -> None:  # fmt: skip
     """One streamed call: count it open at its first chunk, keep reading until stop.
     Each prompt is its own, so the gateway coalesces none of them."""
     prompt = f"Tell me long story number {i}."
-    body = {"model": MODEL, "stream": True, "max_tokens": 4000,
+    body = {"model": MODEL, "stream": True, "max_tokens": TOKENS,
             "messages": [{"role": "user", "content": prompt}]}  # fmt: skip
     async with session.post(url, json=body) as resp:
         resp.raise_for_status()
@@ -111,7 +114,7 @@ def run(args: argparse.Namespace) -> None:
         stack.enter_context(process(
             [py, "-m", "gateway", "sim", "--port", str(sim_port), "--step-ms", str(args.step_ms),
              "--max-num-seqs", str(most), "--max-num-batched-tokens", str(most * 64),
-             "--cache-blocks", str(most * 64), "--decode-seq-ms", "0"],
+             "--cache-blocks", str(most * (TOKENS // 16 + 4)), "--decode-seq-ms", "0"],
             sim + "/health", tmp / "sim.log"))  # fmt: skip
         gw = stack.enter_context(process(
             [py, "-m", "gateway", "serve", "--config", str(cfg), "--port", str(gw_port)],
