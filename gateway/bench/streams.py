@@ -3,13 +3,13 @@
     python -m gateway.bench.streams --vllm-router BIN [--streams 100 1000 4000]
 
 One simulator that paces its tokens (a decode step every ``--step-ms``, room for every
-stream at once), the gateway (embedded defaults but for the backend: SQLite ledger,
-in-process index, no keys) and vllm-router in front of it (KV room for every stream's
-whole answer, as the simulator reserves it). For each N, in rising order, it opens N streamed chat calls to each target at once, waits until every one has
-received its first chunk, samples each target's RSS, then closes them all (the targets
-cancel their upstream calls). The cost per open stream is (RSS with N open - RSS before
-the first stream) / N. Everything listens on 127.0.0.1; the open-file limit is raised to
-its hard limit for the client and the processes it starts.
+stream and its whole answer at once), the gateway (embedded defaults but for the backend:
+SQLite ledger, in-process index, no keys) and vllm-router in front of it. For each N, in
+rising order, it opens N streamed chat calls to each target at once, waits until every
+one has received its first chunk, samples each target's RSS, then closes them all (the
+targets cancel their upstream calls). The cost per open stream is (RSS with N open - RSS
+before the first stream) / N. Everything listens on 127.0.0.1; the open-file limit is
+raised to its hard limit for the client and the processes it starts.
 """
 
 from __future__ import annotations
