@@ -30,19 +30,24 @@ from gateway.bench.overhead import free_port, process
 from gateway.bench.soak import MODEL, rss_mb
 
 TOKENS = 600
+OPENING = 64
 """Each stream's length: ten minutes at the default step, longer than any level takes."""
 
 
 async def hold(session: aiohttp.ClientSession, url: str, i: int, opened: asyncio.Event,
-               count: list[int], n: int, stop: asyncio.Event) -> None:  # fmt: skip
+               count: list[int], n: int, stop: asyncio.Event,
+               opening: asyncio.Semaphore) -> None:  # fmt: skip
     """One streamed call: count it open at its first chunk, keep reading until stop.
-    Each prompt is its own, so the gateway coalesces none of them."""
+    Each prompt is its own, so the gateway coalesces none of them; ``opening`` bounds the
+    calls on their way to a first chunk (thousands at once swamp the simulator)."""
     prompt = f"Tell me long story number {i}."
     body = {"model": MODEL, "stream": True, "max_tokens": TOKENS,
             "messages": [{"role": "user", "content": prompt}]}  # fmt: skip
-    async with session.post(url, json=body) as resp:
-        resp.raise_for_status()
-        await resp.content.readany()
+    async with contextlib.AsyncExitStack() as stack:
+        async with opening:
+            resp = await stack.enter_async_context(session.post(url, json=body))
+            resp.raise_for_status()
+            await resp.content.readany()
         count[0] += 1
         if count[0] == n:
             opened.set()
@@ -70,8 +75,9 @@ async def level(
         stop = asyncio.Event()
         opened = {name: asyncio.Event() for name in urls}
         counts = {name: [0] for name in urls}
+        opening = asyncio.Semaphore(OPENING)
         tasks = [
-            asyncio.create_task(hold(session, url, i, opened[name], counts[name], n, stop))
+            asyncio.create_task(hold(session, url, i, opened[name], counts[name], n, stop, opening))
             for name, url in urls.items()
             for i in range(n)
         ]
@@ -108,7 +114,8 @@ def run(args: argparse.Namespace) -> None:
     cfg.write_text(
         f"models:\n  - name: {MODEL}\n    backends: [{{url: '{sim}'}}]\n"
         f"database: {{url: 'sqlite:///{tmp}/ledger.db'}}\nledger: {{spool_dir: '{tmp}/spool'}}\n"
-        f"upstream: {{max_connections: {most}}}\nserver: {{access_log: false}}\n"
+        f"upstream: {{max_connections: {most}, connect_timeout: 30}}\n"
+        "server: {access_log: false}\n"
     )
     with contextlib.ExitStack() as stack:
         stack.enter_context(process(
