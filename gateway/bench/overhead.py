@@ -92,6 +92,18 @@ def process(
                 proc.kill()
 
 
+@contextlib.contextmanager
+def vllm_router(binary: str, sim: str, log: Path) -> Iterator[tuple[str, int]]:
+    """vllm-router in front of the simulator at sim (round robin): its URL and pid."""
+    port = free_port()
+    with process(
+        [binary, "--worker-urls", sim, "--policy", "round_robin", "--host", "127.0.0.1",
+         "--port", str(port), "--prometheus-port", str(free_port())],
+        f"http://127.0.0.1:{port}/health", log,
+    ) as proc:  # fmt: skip
+        yield f"http://127.0.0.1:{port}", proc.pid
+
+
 def wrk(url: str, lua: Path, connections: int, seconds: float) -> tuple[float, float]:
     """Requests/s and p50 latency (ms) from one wrk run."""
     out = subprocess.run(
@@ -162,13 +174,10 @@ def run(args: argparse.Namespace) -> None:
                 180, env))  # fmt: skip
             targets.append(Target("litellm", f"http://127.0.0.1:{port}/v1"))
         if args.vllm_router:
-            port = free_port()
-            stack.enter_context(process(
-                [args.vllm_router, "--worker-urls", sim, "--policy", "round_robin",
-                 "--host", "127.0.0.1", "--port", str(port),
-                 "--prometheus-port", str(free_port())],
-                f"http://127.0.0.1:{port}/health", tmp / "vllm-router.log"))  # fmt: skip
-            targets.append(Target("vllm-router", f"http://127.0.0.1:{port}/v1"))
+            url, _ = stack.enter_context(
+                vllm_router(args.vllm_router, sim, tmp / "vllm-router.log")
+            )
+            targets.append(Target("vllm-router", url + "/v1"))
         for t in targets:  # warm up, and prove each answers a real call
             r = httpx.post(t.base + "/chat/completions", content=CHAT, timeout=30,
                            headers={"content-type": "application/json",

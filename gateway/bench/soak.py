@@ -38,7 +38,7 @@ from pathlib import Path
 
 import httpx
 
-from gateway.bench.overhead import free_port, process
+from gateway.bench.overhead import free_port, process, vllm_router
 
 MODEL = "sim-model"
 PEPPER = "soak-pepper"
@@ -214,14 +214,8 @@ def run(args: argparse.Namespace) -> None:
         targets = [Target("gateway", f"http://127.0.0.1:{gw_port}/v1/chat/completions",
                           gw.pid, keys)]  # fmt: skip
         if args.vllm_router:
-            port = free_port()
-            router = stack.enter_context(process(
-                [args.vllm_router, "--worker-urls", sim, "--policy", "round_robin",
-                 "--host", "127.0.0.1", "--port", str(port),
-                 "--prometheus-port", str(free_port())],
-                f"http://127.0.0.1:{port}/health", tmp / "vllm-router.log"))  # fmt: skip
-            targets.append(Target("vllm-router", f"http://127.0.0.1:{port}/v1/chat/completions",
-                                  router.pid, []))  # fmt: skip
+            url, pid = stack.enter_context(vllm_router(args.vllm_router, sim, tmp / "router.log"))
+            targets.append(Target("vllm-router", url + "/v1/chat/completions", pid, []))
         started = time.monotonic()
         for t in targets:  # one call each proves the path; RSS "at start" is after it
             r = httpx.post(t.url, json={"model": MODEL, "max_tokens": 4, "messages": [

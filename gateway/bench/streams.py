@@ -26,7 +26,7 @@ from pathlib import Path
 import aiohttp
 import httpx
 
-from gateway.bench.overhead import free_port, process
+from gateway.bench.overhead import free_port, process, vllm_router
 from gateway.bench.soak import MODEL, rss_mb
 
 TOKENS = 600
@@ -129,14 +129,9 @@ def run(args: argparse.Namespace) -> None:
         urls = {"gateway": f"http://127.0.0.1:{gw_port}/v1/chat/completions"}
         pids = {"gateway": gw.pid}
         if args.vllm_router:
-            port = free_port()
-            router = stack.enter_context(process(
-                [args.vllm_router, "--worker-urls", sim, "--policy", "round_robin",
-                 "--host", "127.0.0.1", "--port", str(port),
-                 "--prometheus-port", str(free_port())],
-                f"http://127.0.0.1:{port}/health", tmp / "vllm-router.log"))  # fmt: skip
-            urls["vllm-router"] = f"http://127.0.0.1:{port}/v1/chat/completions"
-            pids["vllm-router"] = router.pid
+            url, pid = stack.enter_context(vllm_router(args.vllm_router, sim, tmp / "router.log"))
+            urls["vllm-router"] = url + "/v1/chat/completions"
+            pids["vllm-router"] = pid
         for url in urls.values():  # warm up: a few calls through every path first
             for _ in range(5):
                 httpx.post(url, json={"model": MODEL, "max_tokens": 2, "messages": [
