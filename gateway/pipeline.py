@@ -192,7 +192,7 @@ def finish(call: Call, svc: Services, scanner: EventScanner | None = None) -> fl
             if call.status >= 500:  # a stream that broke off after it began
                 svc.backends.failed(backend)
         if scanner is not None and (call.usage is None or (own and call.prefix is not None)):
-            call.reply = usage.delivered_text(scanner.delivered)
+            call.reply = scanner.reply()
         if call.usage is None:
             call.usage = estimate_usage(call, svc)
         if own:

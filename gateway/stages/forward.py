@@ -346,11 +346,18 @@ class EventScanner:
     One the client did not ask for (``choices: []`` plus usage) is dropped.
     """
 
+    RAW_KEPT = 32 * 1024
+    """Bytes of delivered events held before they are reduced to their text: an event is
+    ~250 bytes for a token or two of text, so a long stream held as events cost ~100x
+    its reply (a 4,000-token stream ~1 MB for as long as it was open)."""
+
     def __init__(self, call: Call, strip_usage: bool) -> None:
         self.call = call
         self.strip_usage = strip_usage
         self.delivered: list[bytes] = []
-        """Events passed to the client, kept to count tokens if usage never arrives."""
+        """Events passed to the client not yet reduced to text (see ``reply``)."""
+        self._held = 0
+        self._text: list[str] = []
         self._buf = b""
 
     def feed(self, data: bytes) -> bytes:
@@ -360,7 +367,17 @@ class EventScanner:
         *events, self._buf = self._buf.split(b"\n\n")
         kept = [e for e in events if self._keep(e)]
         self.delivered.extend(kept)
+        self._held += len(data)
+        if self._held > self.RAW_KEPT:
+            self._text.append(usage.delivered_text(self.delivered))
+            self.delivered.clear()
+            self._held = 0
         return b"".join(e + b"\n\n" for e in kept)
+
+    def reply(self) -> str:
+        """The text delivered so far: to count tokens if usage never arrives, and to learn
+        the next turn's prefix."""
+        return "".join(self._text) + usage.delivered_text(self.delivered)
 
     def tail(self) -> bytes:
         """Whatever followed the last complete event (normally nothing)."""

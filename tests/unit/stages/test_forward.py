@@ -62,3 +62,14 @@ def test_stream_always_asks_for_usage_and_model_is_renamed() -> None:
     assert out["model"] == "served-m"
     assert out["stream_options"] == {"continuous_usage_stats": False, "include_usage": True}
     assert body["stream_options"] == {"continuous_usage_stats": False}
+
+
+def test_a_long_stream_holds_its_reply_as_text_not_as_events() -> None:
+    call = Call(id="r", path="/v1/chat/completions")
+    scanner = EventScanner(call, strip_usage=True)
+    words = [f"w{i} " for i in range(5000)]
+    for w in words:
+        event = orjson.dumps({"id": "c", "choices": [{"index": 0, "delta": {"content": w}}]})
+        scanner.feed(b"data: " + event + b"\n\n")
+        assert sum(map(len, scanner.delivered)) <= EventScanner.RAW_KEPT
+    assert scanner.reply() == "".join(words)
