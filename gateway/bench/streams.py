@@ -8,8 +8,10 @@ SQLite ledger, in-process index, no keys) and vllm-router in front of it. For ea
 rising order, it opens N streamed chat calls to each target at once, waits until every
 one has received its first chunk, samples each target's RSS, then closes them all (the
 targets cancel their upstream calls). The cost per open stream is (RSS with N open - RSS
-before the first stream) / N. Everything listens on 127.0.0.1; the open-file limit is
-raised to its hard limit for the client and the processes it starts.
+before the first stream) / N. The gateway waits up to 30 s for a health probe: a Python
+simulator streaming to 8,000 clients answers slowly, and this measures memory. Everything
+listens on 127.0.0.1; the open-file limit is raised to its hard limit for the client and
+the processes it starts.
 """
 
 from __future__ import annotations
@@ -30,8 +32,8 @@ from gateway.bench.overhead import free_port, process, vllm_router
 from gateway.bench.soak import MODEL, rss_mb
 
 TOKENS = 600
-OPENING = 64
-"""Each stream's length: ten minutes at the default step, longer than any level takes."""
+OPENING = 256
+"""Each stream's length: twenty minutes at the default step, longer than any level takes."""
 
 
 async def hold(session: aiohttp.ClientSession, url: str, i: int, opened: asyncio.Event,
@@ -114,7 +116,7 @@ def run(args: argparse.Namespace) -> None:
     cfg.write_text(
         f"models:\n  - name: {MODEL}\n    backends: [{{url: '{sim}'}}]\n"
         f"database: {{url: 'sqlite:///{tmp}/ledger.db'}}\nledger: {{spool_dir: '{tmp}/spool'}}\n"
-        f"upstream: {{max_connections: {most}, connect_timeout: 30}}\n"
+        f"upstream: {{max_connections: {most}, connect_timeout: 30, health_timeout: 30}}\n"
         "server: {access_log: false}\n"
     )
     with contextlib.ExitStack() as stack:
@@ -167,7 +169,7 @@ def report(idle: dict[str, float], rows: list[tuple[int, dict[str, float]]]) -> 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--streams", type=int, nargs="+", default=[100, 1000, 4000])
-    parser.add_argument("--step-ms", type=float, default=1000, help="simulator decode step")
+    parser.add_argument("--step-ms", type=float, default=2000, help="simulator decode step")
     parser.add_argument("--open-within", type=float, default=300, help="seconds to open a level")
     parser.add_argument("--vllm-router", help="path of the `vllm-router` command")
     run(parser.parse_args())
