@@ -80,8 +80,8 @@ async def level(
         opening = asyncio.Semaphore(OPENING)
         tasks = [
             asyncio.create_task(hold(session, url, i, opened[name], counts[name], n, stop, opening))
+            for i in range(n)  # the targets in turn, so both open at the same pace
             for name, url in urls.items()
-            for i in range(n)
         ]
         try:
             all_open = asyncio.ensure_future(asyncio.gather(*(e.wait() for e in opened.values())))
