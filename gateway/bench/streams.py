@@ -140,6 +140,8 @@ def run(args: argparse.Namespace) -> None:
                     {"role": "user", "content": "hi"}]}, timeout=60).raise_for_status()  # fmt: skip
         time.sleep(2)
         idle = {name: rss_mb(pid) for name, pid in pids.items()}
+        print("idle: " + ", ".join(f"{k} {v:.1f} MB" for k, v in idle.items()),
+              file=sys.stderr, flush=True)  # fmt: skip
         rows = []
         for n in sorted(args.streams):
             rss = asyncio.run(level(urls, pids, n, args.open_within))
