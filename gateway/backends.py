@@ -7,9 +7,10 @@ what each vLLM engine says of itself (`vllm:num_requests_waiting`,
 Health is a circuit breaker per backend (outlier ejection): a refused connection, a health
 probe that fails or goes unanswered, or ``failure_threshold`` failed calls in a row
 (reset, timed out, 5xx) eject the backend at once, and the calls still waiting on it for
-their first byte are cut short, to be retried elsewhere. After ``ejection_time`` a good
-probe lets it back on probation (half-open): its first success closes the circuit, its
-first failure ejects it again.
+their first byte are cut short, to be retried elsewhere. A model's last healthy backend
+is ejected only by a refused connection (Envoy's panic threshold, in spirit). After
+``ejection_time`` a good probe lets it back on probation (half-open): its first success
+closes the circuit, its first failure ejects it again.
 """
 
 from __future__ import annotations
@@ -205,14 +206,22 @@ class BackendPool:
         await asyncio.gather(*(self._check(b) for b in self.backends.values()))
 
     async def _check(self, backend: Backend) -> None:
+        """Probe /health; a failed probe ejects the backend, but a late or unhealthy answer
+        ejects a model's last healthy backend only if it refused the connection: on a
+        saturated host /health answers late while calls still succeed, and ejecting the
+        only backend would turn every call into a 503 until the next probe."""
         assert self._session is not None
+        refused = False
         try:
             async with self._session.get(backend.url + "/health") as resp:
                 ok = resp.status == 200
+        except aiohttp.ClientConnectorError:
+            ok, refused = False, True
         except (aiohttp.ClientError, TimeoutError):
             ok = False
         if not ok:
-            self.eject(backend, "probe")
+            if refused or self._elsewhere(backend):
+                self.eject(backend, "probe")
         elif backend.circuit == "open" and time.monotonic() >= backend.ejected_until:
             log.warning("backend %s answers its probe again: back on probation", backend.name)
             backend.failures = self._settings.failure_threshold - 1

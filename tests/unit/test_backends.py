@@ -119,6 +119,21 @@ async def test_a_hung_probe_ejects_until_a_good_one_readmits_on_probation() -> N
             await pool.aclose()
 
 
+async def test_a_late_probe_never_ejects_a_models_last_backend_but_a_refusal_does() -> None:
+    async with loopback.backends("hang") as (hung,):
+        pool, metrics = pool_of([hung.url])
+        await pool.start()
+        try:
+            b0 = pool.backends["b0"]
+            assert (b0.circuit, b0.healthy) == ("closed", True)  # late, but the only one
+            assert metrics.ejections.labels("b0", "probe")._value.get() == 0
+            b0.url = "http://127.0.0.1:1"  # nothing listens: the connection is refused
+            await pool.check_health()
+            assert b0.circuit == "open"
+        finally:
+            await pool.aclose()
+
+
 def test_kv_capacity_is_blocks_times_block_size_summed_over_engines() -> None:
     from gateway.backends import kv_capacity_tokens
 
