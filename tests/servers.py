@@ -55,10 +55,15 @@ def consecutive_free_ports(n: int) -> int:
 def wait_http(
     url: str,
     proc: subprocess.Popen[bytes] | None = None,
-    timeout: float = 30,
+    timeout: float = 90,
     log: Path | None = None,
 ) -> None:
-    """Poll url until it answers 2xx; fail with the process's output if it dies or hangs."""
+    """Poll url until it answers 2xx; fail with the process's output if it dies or hangs.
+
+    The deadline only bounds a start that never comes: a gateway with two workers on a
+    saturated 2-core machine took 37 s to answer, and waiting longer costs nothing when
+    it answers sooner.
+    """
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
