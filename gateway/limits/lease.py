@@ -56,7 +56,8 @@ class Lease:
     reset: float = 0.0
     """Seconds the shared bucket needed then to be full again."""
     due: int = 0
-    """Tokens settled here that the bucket must still be told of (the sender's next round)."""
+    """Units the bucket must still be told of (the sender's next round): tokens settled
+    here, and what calls admitted by local shares during an outage cost."""
 
     def __post_init__(self) -> None:
         self.target = target(self.limit)

@@ -15,6 +15,8 @@ in process, with the in-process limiter on a plan whose limits are shares:
 So the replicas together stay within each limit (a limit below N a minute, at one call
 a minute per replica, excepted). A replica that never reached Redis counts itself alone.
 The shares last as long as the outage: the in-process state starts afresh at each one.
+What they let through is charged to the shared buckets once Redis answers (redis.py), so
+a minute that spans the outage still holds its limit.
 """
 
 from __future__ import annotations

@@ -55,9 +55,10 @@ retry never makes room); ``limits.outage_after`` timeouts in a row, or one real 
 (refused or reset connection, an error reply), make an outage: a warning is logged,
 gateway_limits_degraded{mode} is 1, and calls get ``limits.on_outage``'s answer from
 outage.py without waiting on Redis. Settles queued meanwhile wait (merged per key) and go
-once Redis is back. The sender probes Redis every redis.probe_interval with the heartbeat
-that also registers the replica (every HEARTBEAT seconds while Redis answers: the count of
-replicas the local shares divide by) and, when it answers, limits are shared again.
+once Redis is back, with what the calls admitted by local shares cost the buckets. The
+sender probes Redis every redis.probe_interval with the heartbeat that also registers the
+replica (every HEARTBEAT seconds while Redis answers: the count of replicas the local
+shares divide by) and, when it answers, limits are shared again.
 """
 
 from __future__ import annotations
@@ -185,7 +186,7 @@ class RedisLimiter:
             return ALLOW
         shape = self._shape(plan)
         if self._down:
-            return self._fallback.check(shape, tokens)
+            return self._outage_verdict(shape, tokens)
         now = time.monotonic()
         if now < shape.until and shape.calls > 0 and shape.tokens >= tokens:
             for view in shape.spend:
@@ -212,7 +213,7 @@ class RedisLimiter:
         try:
             code, which, wait = await ask.done
         except REDIS_ERRORS:
-            return self._fallback.check(shape, tokens)
+            return self._outage_verdict(shape, tokens)
         verdict = self._verdict(shape, plan, code, which, wait)
         if verdict.allowed:  # the freshest: the next local calls reuse it
             shape.verdict, shape.verdict_at = verdict, time.monotonic()
@@ -225,9 +226,10 @@ class RedisLimiter:
         shape = self._shape(plan)
         if self._down:  # the call was admitted locally (or is one of the last before)
             self._fallback.settle(shape, tokens, units)
-            tokens = 0  # its tokens were not charged to the shared buckets
-            if not units:
-                return
+            if self._fallback.mode == "local":  # owed to the shared buckets, as its cost
+                for _, lease in shape.tpm:
+                    lease.due += tokens
+            tokens = 0
         if tokens:
             if shape.until > -math.inf and shape.tokens >= tokens:  # refunds: any size
                 shape.tokens -= tokens  # the pocket: taken from every token lease alike
@@ -243,11 +245,27 @@ class RedisLimiter:
                     view.spent = True
                     self._urgent = True  # a spent budget reaches the others now
                     self._wake.set()
+        self._owe(shape)
+
+    def _owe(self, shape: Shape) -> None:
+        """The shape has something to settle: the sender's next round folds it in."""
         if not shape.due:
             shape.due = True
             self._due.append(shape)
             if len(self._due) == 1:
                 self._settle_soon()
+
+    def _outage_verdict(self, shape: Shape, tokens: int) -> Verdict:
+        """The fallback's answer while Redis is unreachable. With local shares, what a
+        call is admitted for is owed to the shared buckets and charged once Redis answers,
+        so a window that spans the outage holds its limit: the bucket learns of the calls
+        the shares let through (a Redis that came back empty starts from them)."""
+        verdict = self._fallback.check(shape, tokens)
+        if verdict.allowed and shape.buckets and self._fallback.mode == "local":
+            for _, _, tokens_kind, lease in shape.buckets:
+                lease.due += tokens if tokens_kind else 1
+            self._owe(shape)
+        return verdict
 
     async def seed(self, seeds: Iterable[Seed]) -> None:
         """Never fails the start: without Redis, budgets fail open like everything else."""
@@ -529,7 +547,7 @@ class RedisLimiter:
         for shape in shapes:
             shape.due = False
             charges: list[tuple[str, int, int]] = []
-            for key, lease in shape.tpm:
+            for key, _, _, lease in shape.buckets:  # request buckets owe after an outage
                 if lease.due:
                     charges.append((key, lease.due, lease.limit))
                     lease.due = 0

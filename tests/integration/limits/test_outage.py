@@ -105,7 +105,8 @@ async def test_local_shares_hold_across_replicas_and_shared_limits_resume(
     server: RedisProcess,
 ) -> None:
     """Two replicas at rpm 60: 30 each while Redis is away, starting from what the shared
-    bucket held; 60 between them once it is back (a fresh Redis: a full bucket)."""
+    bucket held; once it is back (a fresh Redis: a full bucket), it is charged with what
+    the shares let through, so 60 between the outage and after it."""
     server.start()
     registries = [CollectorRegistry(), CollectorRegistry()]
     pair = [limiter_on(server, r) for r in registries]
@@ -128,16 +129,43 @@ async def test_local_shares_hold_across_replicas_and_shared_limits_resume(
         for n in during:
             assert 18 <= n <= 21 + refilled  # its share of what was left, and its lease's unit
         assert 20 + sum(during) <= 60 + 2 * refilled
-        server.start()  # empty again: a full bucket of 60 shared by both
+        server.start()  # empty again: a full bucket of 60, less what the outage took
         for r in registries:
             await eventually(lambda r=r: degraded(r, "local") == 0)
         restarted = time.monotonic()
+        for limiter in pair:
+            await limiter.flush()  # the outage's charges land
         after = [await served(lambda i=i: _allowed(pair[i], plans[i]), 100) for i in (0, 1)]
         # (and a unit each may still hold from a lease granted before the outage)
-        assert 60 <= sum(after) <= 62 + math.ceil(time.monotonic() - restarted)
+        total = sum(during) + sum(after)
+        assert 60 <= total <= 62 + math.ceil(time.monotonic() - restarted), (during, after)
     finally:
         for limiter in pair:
             await limiter.aclose()
+
+
+async def test_tokens_admitted_by_local_shares_are_charged_once_redis_is_back(
+    server: RedisProcess,
+) -> None:
+    """tpm 6,000 (100 tokens a second): a call admitted for 100 tokens during the outage
+    that settles at 150 leaves the shared bucket 150 tokens (1.5 s of refill) in debt."""
+    registry = CollectorRegistry()
+    limiter = limiter_on(server, registry, prefix="gwtest:tpm:")
+    await limiter.start()
+    plan = Plan("t", (Bucket("key", "tokens", "k", 6000),), (), ())
+    try:
+        assert (await limiter.admit(plan, 100)).allowed  # nothing listens: a local share
+        assert degraded(registry, "local") == 1
+        limiter.settle(plan, 50, 0)  # it used 150
+        server.start()
+        await eventually(lambda: degraded(registry, "local") == 0)
+        await limiter.flush()
+        direct = redis.Redis(port=server.port)
+        owed_ms = direct.pttl("gwtest:tpm:rl:{t}:key:k:tokens")
+        direct.close()
+        assert 1000 < owed_ms <= 1501
+    finally:
+        await limiter.aclose()
 
 
 async def test_local_budget_share_is_a_share_of_what_was_left(server: RedisProcess) -> None:
