@@ -42,6 +42,20 @@ class RedisProcess:
         finally:
             client.close()
 
+    def stop(self) -> None:
+        """Shut down as an operator's stop does: saving first, when started with a
+        ``--dir`` to save to, so that a start on the same port loads what it held."""
+        assert self._proc is not None
+        client = redis.Redis(port=self.port, socket_timeout=10)
+        try:
+            client.shutdown(save=True)
+        except redis.ConnectionError:
+            pass  # the server closes the connection as it goes
+        finally:
+            client.close()
+        self._proc.wait(timeout=30)
+        self._proc = None
+
     def pause(self, paused: bool) -> None:
         """Freeze the server (SIGSTOP), so that calls hang until it resumes (SIGCONT)."""
         assert self._proc is not None
