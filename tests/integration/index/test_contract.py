@@ -79,14 +79,15 @@ async def test_forget_keeps_only_the_leading_blocks(make: MakeIndex) -> None:
 
 
 async def test_handles_expire_unless_renewed(make: MakeIndex) -> None:
-    index = await started(make(handle_ttl=0.4))
+    """Sleeps make the lower bounds certain; the upper one leaves a busy machine 1.4 s."""
+    index = await started(make(handle_ttl=2.0))
     index.record("m", "b0", A)
     index.record("m", "b1", B)
     await index.flush()
-    await asyncio.sleep(0.25)
+    await asyncio.sleep(1.5)
     index.record("m", "b0", A[:2])
     await index.flush()
-    await asyncio.sleep(0.25)
+    await asyncio.sleep(0.6)  # B is past its 2 s, A[:2] renewed 0.6 s ago
     assert await index.lookup("m", A) == {"b0": 2}
     assert await index.lookup("m", B) == {}
     assert await index.size() == 2

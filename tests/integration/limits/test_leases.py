@@ -78,8 +78,9 @@ async def test_a_limit_holds_across_two_replicas_with_leases(pair: list[RedisLim
 
 
 async def test_a_grant_is_never_exceeded(redis_server_url: str, redis_prefix: str) -> None:
-    # Leases of 2 s: the holder's must outlive the other's drain of the bucket.
-    async with replicas(redis_server_url, redis_prefix, 2.0) as (holder, other):
+    # Leases of 30 s: the holder's must outlive the other's drain of the bucket, however
+    # long a busy machine makes it.
+    async with replicas(redis_server_url, redis_prefix, 30.0) as (holder, other):
         plan, started = rpm_plan(), time.monotonic()
         assert (await holder.admit(plan, 0)).allowed  # the grant: this call and a lease
         drained = await drain(other, plan)
