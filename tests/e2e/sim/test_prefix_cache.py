@@ -82,11 +82,15 @@ async def ttft(client: openai.AsyncOpenAI, messages: list[dict[str, str]]) -> fl
     return first
 
 
-async def test_a_cached_prompt_gets_its_first_token_far_sooner(start_sim: StartSim) -> None:
+async def test_an_uncached_prompt_waits_for_its_prefill_and_is_then_cached(
+    start_sim: StartSim,
+) -> None:
     sim = await start_sim()  # the default timings
     async with client_for(sim) as client:
         messages = long_prompt("t", words=2000)
         cold = await ttft(client, messages)
-        warm = await ttft(client, messages)
-    assert cold > 0.24  # at least the modelled prefill time (see the engine tests)
-    assert warm < cold / 3
+        # How much sooner a warm one comes is the model's (tests/unit/sim/test_engine.py);
+        # over sockets on a shared machine only its cause is certain: the cached prefix.
+        hit = await cached(client, messages)
+    assert cold > 0.24  # at least the modelled prefill time (a busy machine adds to it)
+    assert hit >= 1984

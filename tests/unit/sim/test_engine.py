@@ -101,23 +101,34 @@ async def test_abort_unpins_blocks_and_is_counted(engine: Engine) -> None:
     assert (await finish(engine.submit(words(200), 1))).cached_tokens > 0
 
 
-async def test_uncached_prefill_costs_time_and_a_cached_one_does_not() -> None:
+async def test_uncached_prefill_costs_time_and_a_cached_one_does_not(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The engine's modelled step times (what it sleeps), not the wall clock: a loaded
+    machine stretches sleeps, never the model."""
+    slept: list[float] = []
+    sleep = asyncio.sleep
+
+    async def recorded(seconds: float) -> None:
+        slept.append(seconds)
+        await sleep(0)
+
     e = Engine(SimConfig())  # the defaults the CLI documents
     e.start()
     try:
         prompt = words(2000)
-        cold = await finish(e.submit(prompt, 2))
-        warm = await finish(e.submit(prompt, 2))
+        monkeypatch.setattr(asyncio, "sleep", recorded)
+        cold = await finish(e.submit(prompt, 1))
+        cold_s, slept[:] = sum(slept), []
+        warm = await finish(e.submit(prompt, 1))
+        warm_s = sum(slept)
     finally:
+        monkeypatch.undo()
         await e.aclose()
-    assert cold.first_token_at is not None
-    assert warm.first_token_at is not None
-    cold_ttft = cold.first_token_at - cold.arrival
-    warm_ttft = warm.first_token_at - warm.arrival
-    # Four chunked-prefill steps of 512 tokens cost at least 4 x 12 + 2,000 x 0.1 ms;
-    # a loaded machine can only make the sleeps longer.
-    assert cold_ttft > 0.24
-    assert warm_ttft < cold_ttft / 3
+    assert (cold.cached_tokens, warm.cached_tokens) == (0, 1984)
+    # Four chunked-prefill steps of 512 tokens cost at least 4 x 12 + 2,000 x 0.1 ms.
+    assert cold_s > 0.24
+    assert warm_s < cold_s / 3
 
 
 async def test_instant_mode_answers_on_submit_with_the_same_cache() -> None:
