@@ -112,7 +112,7 @@ def test_duration_bounds_an_open_loop_run(sims: list[str], tmp_path: Path) -> No
     t0 = time.monotonic()
     _, report = bench("run", "--base-url", sims[0], "--workload", "tiny", "--rate", "40",
                       "--duration", "1", json_path=tmp_path / "d.json")  # fmt: skip
-    assert time.monotonic() - t0 < 15
+    assert time.monotonic() - t0 < 60  # ends by its duration (a busy start takes seconds)
     assert 10 <= report["requests"] <= 100
     assert report["ok"] == report["requests"]
     assert report["load"] == "rate=40/s"

@@ -79,7 +79,7 @@ async def test_rate_and_duration_bound_the_run() -> None:
             Tiny(), Target(fake.base_url), runner.Options(rate=50, duration=0.5, model="m")
         )
         took = time.perf_counter() - t0
-    assert took < 2.0
+    assert took < 10.0  # ends by its duration (unbounded, it would run on)
     assert 5 <= report.requests <= 60
     assert report.load == "rate=50/s"
 
