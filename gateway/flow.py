@@ -63,6 +63,8 @@ class Request:
     """temperature 0 (or absent seed-free greedy): safe to coalesce identical calls."""
     session: str | None = None
     """x-session-id header, `prompt_cache_key` or `user` field: for session affinity."""
+    end_user: str | None = None
+    """`safety_identifier` or `user`: the app's end user, stored hashed on the ledger row."""
 
 
 @dataclass(slots=True)

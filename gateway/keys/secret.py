@@ -5,16 +5,14 @@ the server-side pepper is stored, so a leaked table is useless without the peppe
 256 random bits no pepper is needed against guessing, which is why a plain fast hash
 (not a password KDF) is right here; it is computed only when the key cache misses.
 
-The key cache is indexed by the Authorization header itself, not by a hash of it. Until
-2026-11-30 it was a BLAKE2b tag of the header, so that the cache would hold no secret; but
-the process holds every presented secret anyway (each request's header is a string in
-memory, and Python does not wipe the memory it frees), so a dump of it shows recent keys
-with or without the tag. The tag cost a tiny call about 2 us of its ~300 (0.6% of its CPU,
-measured against the tagged code in one run): in a hot loop BLAKE2b takes 0.3 us, but in
-the gateway the rest of the call has pushed its 6 KB of compression code and its state out
-of the CPU's caches. A dict of header strings costs a hash of the string: code that every
-dict lookup runs. The database still stores only the HMAC; no secret reaches a log, a
-metric, an error or a report.
+The key cache is indexed by the Authorization header itself, not by a hash of it: the
+process holds every presented secret anyway (each request's header is a string in
+memory), so a tag would hide nothing from a memory dump and cost every call a hash. The
+database stores only the HMAC; no secret reaches a log, a metric, an error or a report.
+
+An app's end user (`safety_identifier` or `user`) reaches the ledger the same way: only
+its HMAC under the pepper, so an e-mail address used as an identifier is never stored and
+cannot be recovered from the ledger by guessing without the pepper.
 """
 
 from __future__ import annotations
@@ -42,6 +40,22 @@ def display_prefix(secret: str) -> str:
 
 def hash_secret(secret: str, pepper: str) -> str:
     return hmac.digest(pepper.encode(), secret.encode(), "sha256").hex()  # the C fast path
+
+
+END_USER_CHARS = 32
+"""Hex characters of an end user's hash kept on the ledger row (128 bits)."""
+END_USER_DOMAIN = b"gateway end user\x00"
+"""Prefixed to the pepper: end users are hashed under a key of their own, so an end
+user's name never hashes to what a key secret of the same text would."""
+
+
+def end_user_key(pepper: str) -> bytes:
+    return END_USER_DOMAIN + pepper.encode()
+
+
+def hash_end_user(end_user: str, key: bytes) -> str:
+    """The ledger's name for an end user: HMAC-SHA256 under ``end_user_key(pepper)``."""
+    return hmac.digest(key, end_user.encode(), "sha256").hex()[:END_USER_CHARS]
 
 
 def looks_like_key(token: str) -> bool:

@@ -185,6 +185,9 @@ class LedgerRow(Base):
     latency_s: Mapped[float | None] = mapped_column(Float)
     client_request_id: Mapped[str | None] = mapped_column(String(128))
     """The x-request-id header the client sent, if any (not unique: clients reuse them)."""
+    end_user: Mapped[str | None] = mapped_column(String(32))
+    """The app's end user (`safety_identifier`, else `user`), as its HMAC under the
+    pepper (keys/secret.py): groups an end user's calls without storing who it is."""
 
 
 class DeadLetter(Base):

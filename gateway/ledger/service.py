@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.flow import Call
+from gateway.keys.secret import end_user_key
 from gateway.ledger import deadletters, store
 from gateway.ledger.db import DB_ERRORS, LedgerUnavailable, make_engine, ping, safe_url
 from gateway.ledger.lookup import calls_by_client_id
@@ -45,6 +46,7 @@ class Ledger:
         self._settings = settings
         self._metrics = LedgerMetrics(registry)
         self._models = frozenset(m.name for m in settings.models)
+        self._end_user_key = end_user_key(settings.auth.pepper)
         self._on_written = on_written
         self._book = PriceBook()
         self._engine: AsyncEngine | None = None
@@ -94,7 +96,7 @@ class Ledger:
             if call.model in self._models:  # a client's made-up name is no label value
                 self._metrics.add_cost(call.model or "", team or "", cost.total)
             if self._writer is not None:
-                self._writer.put(ledger_row(call, cost))
+                self._writer.put(ledger_row(call, cost, self._end_user_key))
         except Exception:
             log.exception("ledger: could not record call %s", call.id)
 

@@ -3,9 +3,9 @@
 Only what the gateway itself relies on is checked here (JSON object, model, the prompt
 field, chat messages' shape, nesting depth, stream flags, token limits); everything else is
 the backend's to judge, so its own 400s pass through unchanged. The names the gateway
-stores on the ledger row or keys on (model, user, the session and request id headers) are
-bounded and free of control characters: Postgres refuses a NUL in any text column, so one
-such call would otherwise make its ledger row unwritable.
+stores on the ledger row or keys on (model, user, safety_identifier, the session and
+request id headers) are bounded and free of control characters: Postgres refuses a NUL in
+any text column, so one such call would otherwise make its ledger row unwritable.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ PROMPT_FIELD: dict[Endpoint, str] = {
 MAX_MODEL_CHARS = 200
 """The ledger's model column."""
 MAX_SESSION_CHARS = 256
-"""The `user` field and the x-session-id header (OpenAI documents no limit for `user`)."""
+"""The `user` and `safety_identifier` fields and the x-session-id header."""
 MAX_REQUEST_ID_CHARS = 128
 """The ledger's client_request_id column."""
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
@@ -65,6 +65,7 @@ def parse(body: bytes, endpoint: Endpoint, session_header: str | None = None) ->
         max_tokens=_max_tokens(data),
         deterministic=data.get("temperature") == 0 and data.get("n", 1) == 1,
         session=session_header or _cache_key(data) or user,
+        end_user=_safety_identifier(data) or user,
     )
 
 
@@ -135,6 +136,17 @@ def _max_tokens(data: dict[str, Any]) -> int | None:
             raise InvalidRequest(f"'{name}' must be at least 1, got {value}.", param=name)
         return value
     return None
+
+
+def _safety_identifier(data: dict[str, Any]) -> str | None:
+    """OpenAI's `safety_identifier` (the successor of `user`): who the app's end user is."""
+    value = data.get("safety_identifier")
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise InvalidRequest("'safety_identifier' must be a string.", param="safety_identifier")
+    _check_name(value, "safety_identifier", MAX_SESSION_CHARS)
+    return value or None
 
 
 def _user(data: dict[str, Any]) -> str | None:

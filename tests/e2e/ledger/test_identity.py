@@ -12,6 +12,7 @@ import httpx
 import openai
 import pytest
 
+from gateway.keys.secret import end_user_key, hash_end_user
 from tests.e2e.conftest import MODEL, write_config
 from tests.e2e.ledger.wait import rows_when
 from tests.integration.ledger.postgres import scratch_database
@@ -123,3 +124,28 @@ def test_an_overlong_request_id_is_refused_by_name(client: openai.OpenAI) -> Non
     assert info.value.body["param"] == "x-request-id"
     headers = info.value.response.headers
     assert headers["x-request-id"] == headers["x-gateway-request-id"]
+
+
+def test_each_calls_end_user_is_on_its_row_hashed(
+    gateway: str, client: openai.OpenAI, ledger_db: str
+) -> None:
+    """OpenAI's safety_identifier (else user) through the official client: the row holds
+    its keyed hash and nothing of the name."""
+    sent = {"safety_identifier": "ada@example.com", "user": "ada@example.com"}
+    calls = [({"safety_identifier": "ada@example.com"}, "ada@example.com"),
+             ({"user": "bob"}, "bob"), ({"safety_identifier": "carol", "user": "bob"}, "carol"),
+             (sent, "ada@example.com")]  # fmt: skip
+    ids = {}
+    for fields, end_user in calls:
+        raw = client.chat.completions.with_raw_response.create(
+            model=MODEL, messages=MESSAGES, max_tokens=2, **fields
+        )
+        ids[raw.headers["x-gateway-request-id"]] = end_user
+    rows = rows_when(
+        ledger_db, "SELECT * FROM ledger WHERE request_id = ANY($1::text[])", list(ids), n=4
+    )
+    key = end_user_key("")  # the pepper this gateway runs with
+    assert {r["request_id"]: r["end_user"] for r in rows} == {
+        call: hash_end_user(name, key) for call, name in ids.items()
+    }
+    assert not any("ada" in str(value) for row in rows for value in row.values())

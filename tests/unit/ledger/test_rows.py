@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 from datetime import UTC, datetime
 
 from gateway.flow import Call, Cost, Principal, Request, Route, Usage
+from gateway.keys.secret import end_user_key
 from gateway.ledger.models import ROW_COLUMNS
 from gateway.ledger.rows import MAX_INT, Row, ledger_row
 
@@ -30,8 +33,24 @@ def test_odd_values_are_cut_and_clamped_to_their_columns() -> None:
     assert (row.status, row.stream, row.ttft_s, row.latency_s) == (32767, True, 0.25, None)
     assert (row.prompt_tokens, row.input_tokens, row.cached_tokens) == (MAX_INT, MAX_INT, 0)
     assert (row.completion_tokens, row.predicted_cached_tokens) == (7, 0)
-    assert row[row._fields.index("price_id") : -1] == (5, 1, 2, 3, 4, 10, 11, 0.25, None)
+    assert row[row._fields.index("price_id") : -2] == (5, 1, 2, 3, 4, 10, 11, 0.25, None)
     assert row.client_request_id == "c" * 128
+    assert row.end_user is None
+
+
+def test_the_end_user_is_stored_as_its_keyed_hash_only() -> None:
+    """safety_identifier first, else user; the same name under another pepper is another
+    hash, and nothing of the name itself is on the row."""
+    call = Call(id="r1", path="/v1/chat/completions", received_wall=1_800_000_000.0)
+    call.request = Request(endpoint="chat", model="m", body={}, end_user="ada@example.com")
+    key = end_user_key("pepper")
+    row = ledger_row(call, Cost(), key)
+    expected = hmac.new(key, b"ada@example.com", hashlib.sha256).hexdigest()[:32]
+    assert row.end_user == expected
+    assert ledger_row(call, Cost(), end_user_key("other")).end_user != expected
+    assert key.endswith(b"pepper")
+    assert key != b"pepper"
+    assert "ada" not in repr(row)
 
 
 def test_a_call_that_never_got_far_still_has_a_row() -> None:

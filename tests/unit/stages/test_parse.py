@@ -41,6 +41,22 @@ def test_a_prompt_cache_key_that_is_not_a_string_is_refused() -> None:
     assert err.value.param == "prompt_cache_key"
 
 
+def test_the_end_user_is_the_safety_identifier_else_the_user() -> None:
+    both = b'{"model": "m", "prompt": "x", "safety_identifier": "h-42", "user": "u1"}'
+    assert parse(both, "completions").end_user == "h-42"
+    assert parse(both, "completions").body["safety_identifier"] == "h-42"  # forwarded
+    assert parse(b'{"model": "m", "prompt": "x", "user": "u1"}', "completions").end_user == "u1"
+    assert parse(b'{"model": "m", "prompt": "x"}', "completions").end_user is None
+
+
+@pytest.mark.parametrize("value", ["7", "true", '"a\\u0000b"', '"' + "x" * 257 + '"'])
+def test_a_safety_identifier_that_is_no_name_is_refused(value: str) -> None:
+    body = f'{{"model": "m", "prompt": "x", "safety_identifier": {value}}}'.encode()
+    with pytest.raises(InvalidRequest) as err:
+        parse(body, "completions")
+    assert err.value.param == "safety_identifier"
+
+
 def test_include_usage_only_counts_when_streaming() -> None:
     req = parse(
         b'{"model":"m","prompt":"x","stream_options":{"include_usage":true}}', "completions"
