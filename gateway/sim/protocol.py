@@ -128,7 +128,7 @@ def check_model(body: dict[str, Any], config: SimConfig) -> None:
         )
 
 
-def _limit(body: dict[str, Any], name: str) -> int | None:
+def int_field(body: dict[str, Any], name: str) -> int | None:
     """An integer field as pydantic (lax) accepts it: an int or a whole float."""
     value = body.get(name)
     if value is None or (isinstance(value, int) and not isinstance(value, bool)):
@@ -154,19 +154,19 @@ def parse_chat(body: dict[str, Any], config: SimConfig) -> GenerateRequest:
                 "Input should be a valid dictionary or object to extract fields from",
                 message,
             )
-    limit, param = _limit(body, "max_completion_tokens"), "max_completion_tokens"
+    limit, param = int_field(body, "max_completion_tokens"), "max_completion_tokens"
     if limit is None:
-        limit, param = _limit(body, "max_tokens"), "max_tokens"
+        limit, param = int_field(body, "max_tokens"), "max_tokens"
     check_model(body, config)
     try:
         text = tokenizer.render_chat(messages, body.get("add_generation_prompt", True) is not False)
     except TypeError as exc:
         raise SimError(str(exc), param="messages") from exc
-    return _generate_request(tokenizer.encode(text), True, limit, param, body, config)
+    return generate_request(tokenizer.encode(text), True, limit, param, body, config)
 
 
 def parse_completion(body: dict[str, Any], config: SimConfig) -> GenerateRequest:
-    limit = _limit(body, "max_tokens")
+    limit = int_field(body, "max_tokens")
     check_model(body, config)
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and not isinstance(prompt[0], int):
@@ -180,7 +180,7 @@ def parse_completion(body: dict[str, Any], config: SimConfig) -> GenerateRequest
             "'prompt' must be a string, a list of one string or a list of token ids",
             param="prompt",
         )
-    return _generate_request(tokens, from_text, limit, "max_tokens", body, config)
+    return generate_request(tokens, from_text, limit, "max_tokens", body, config)
 
 
 def prompt_too_long(n: int, cap: int) -> SimError:
@@ -198,7 +198,7 @@ def prompt_too_long(n: int, cap: int) -> SimError:
     )
 
 
-def _generate_request(
+def generate_request(
     prompt: list[int],
     from_text: bool,
     limit: int | None,

@@ -23,6 +23,7 @@ from gateway.sim.embeddings import embeddings_response
 from gateway.sim.engine import Engine, Sequence
 from gateway.sim.http import Connection, Request, Response, Result, headers_block
 from gateway.sim.protocol import GenerateRequest, SimError
+from gateway.sim.responses import ResponsesReply, parse_responses
 
 INSTANCE_HEADER = "x-backend-instance"
 VERSION = f"{protocol.VLLM_VERSION}+sim"
@@ -58,6 +59,16 @@ def _closing(reply: protocol.Reply, seq: Sequence, req: GenerateRequest) -> byte
     return usage + _DONE
 
 
+@dataclass(frozen=True, slots=True)
+class Events:
+    """How one endpoint renders an answer: whole, or streamed token by token."""
+
+    whole: Callable[[Sequence], dict[str, Any]]
+    tokens: Callable[[Sequence, list[int], int], bytes]
+    """Events for new tokens, given how many were sent before them."""
+    closing: Callable[[Sequence], bytes]
+
+
 class SimServer:
     """One simulated vLLM instance: its engine, metrics and routes."""
 
@@ -71,6 +82,7 @@ class SimServer:
         self.routes: dict[str, tuple[str, Callable[[Request], Result]]] = {
             "/v1/chat/completions": ("POST", self.chat),
             "/v1/completions": ("POST", self.completions),
+            "/v1/responses": ("POST", self.responses),
             "/v1/embeddings": ("POST", self.embeddings),
             "/tokenize": ("POST", self.tokenize),
             "/v1/chat/completions/render": ("POST", self.render_chat),
@@ -116,37 +128,64 @@ class SimServer:
         req = protocol.parse_completion(self._body(request), self.config)
         return self._generate(request, req, chat=False)
 
+    def responses(self, request: Request) -> Result:
+        body = self._body(request)
+        req = parse_responses(body, self.config)
+        reply = ResponsesReply(self.config.model, body)
+
+        def tokens(seq: Sequence, new: list[int], sent: int) -> bytes:
+            deltas = b"".join(reply.delta(tokenizer.GENERATED_TOKENS[i]) for i in new)
+            return deltas if sent else reply.first() + deltas
+
+        return self._answer(request, req, Events(reply.whole, tokens, reply.closing),
+                            opening=reply.opening)  # fmt: skip
+
     def _generate(self, request: Request, req: GenerateRequest, chat: bool) -> Result:
-        seq = self.engine.submit(req.prompt, req.max_tokens)
         reply = protocol.Reply(chat, self.config.model, self.fingerprint, req.include_usage)
+        events = Events(
+            reply.whole,
+            lambda seq, new, sent: _tokens(reply, seq, new, sent),
+            lambda seq: _closing(reply, seq, req),
+        )
+        return self._answer(request, req, events)
+
+    def _answer(
+        self, request: Request, req: GenerateRequest, events: Events,
+        opening: Callable[[], bytes] = bytes,
+    ) -> Result:  # fmt: skip
+        """Run the request on the engine; answer whole or as a stream of ``events``.
+        ``opening`` goes out as soon as a stream starts, before prefill."""
+        seq = self.engine.submit(req.prompt, req.max_tokens)
         if seq.finish_reason is None:
             if req.stream:
-                return self._stream(request, reply, seq, req)
-            return self._wait(reply, seq)
+                return self._stream(request, events, seq, opening())
+            return self._wait(events, seq)
         # Instant mode: the answer is complete, so it goes out in one write, no task.
         if not req.stream:
-            return _json(reply.whole(seq))
-        sse = _tokens(reply, seq, seq.output, 0) + _closing(reply, seq, req)
+            return _json(events.whole(seq))
+        sse = opening() + events.tokens(seq, seq.output, 0) + events.closing(seq)
         return Response(200, sse, _SSE)
 
-    async def _wait(self, reply: protocol.Reply, seq: Sequence) -> Response:
+    async def _wait(self, events: Events, seq: Sequence) -> Response:
         try:
             while seq.finish_reason is None:
                 await seq.tokens()
         finally:
             self.engine.abort(seq)  # a no-op unless the client left before the end
-        return _json(reply.whole(seq))
+        return _json(events.whole(seq))
 
     async def _stream(
-        self, request: Request, reply: protocol.Reply, seq: Sequence, req: GenerateRequest
+        self, request: Request, events: Events, seq: Sequence, opening: bytes
     ) -> None:
         try:
             stream = request.stream(_SSE)
+            if opening:
+                await stream.write(opening)
             sent = 0
             while new := await seq.tokens():
-                await stream.write(_tokens(reply, seq, new, sent))
+                await stream.write(events.tokens(seq, new, sent))
                 sent += len(new)
-            await stream.write(_closing(reply, seq, req))
+            await stream.write(events.closing(seq))
             stream.end()
         finally:
             self.engine.abort(seq)  # a no-op unless the client left before the end

@@ -36,6 +36,7 @@ KEY_METRICS = (
     "vllm:time_to_first_token_seconds_count",
 )
 GREEDY = {"temperature": 0, "max_tokens": 5}
+RESPONSES = {"temperature": 0, "max_output_tokens": 5}
 # Streams run longer, so a middle chunk always separates the first from the last even when
 # vLLM puts several tokens in one chunk.
 STREAMED = {"temperature": 0, "max_tokens": 12, "ignore_eos": True, "stream": True}
@@ -65,6 +66,28 @@ PLAIN: dict[str, tuple[str, dict[str, Any]]] = {
     ),
     "error_invalid_json": ("/v1/chat/completions", {}),
     "embeddings": ("/v1/embeddings", {"model": "tiny", "input": "Hello"}),
+    "responses": (
+        "/v1/responses",
+        {"model": "tiny", "input": "Hello", "instructions": "Be brief.", **RESPONSES},
+    ),
+    "responses_items": (
+        "/v1/responses",
+        {
+            "model": "tiny",
+            "input": [
+                {"role": "user", "content": "Hello"},
+                {"role": "assistant", "content": "Hi."},
+                {"role": "user", "content": [{"type": "input_text", "text": "And?"}]},
+            ],
+            **RESPONSES,
+        },
+    ),
+    "error_responses_missing_input": ("/v1/responses", {"model": "tiny"}),
+    "error_responses_unknown_model": ("/v1/responses", {"model": "no-such-model", "input": "Hi"}),
+    "error_responses_previous_response_id": (
+        "/v1/responses",
+        {"model": "tiny", "input": "Hi", "previous_response_id": "resp_0123456789abcdef"},
+    ),
     "error_stream_unknown_model": (
         "/v1/chat/completions",
         {
@@ -76,6 +99,17 @@ PLAIN: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 STREAMS: dict[str, tuple[str, dict[str, Any]]] = {
+    "responses_stream": (
+        "/v1/responses",
+        {
+            "model": "tiny",
+            "input": "Hello",
+            "instructions": "Be brief.",
+            **RESPONSES,
+            "max_output_tokens": 12,
+            "stream": True,
+        },
+    ),
     "chat_stream_usage": (
         "/v1/chat/completions",
         {
@@ -144,10 +178,11 @@ def stream(client: httpx.Client, path: str, body: dict[str, Any]) -> dict[str, A
         raw = r.read().decode()
         meta = response_meta(r)
     events: list[Any] = []
-    for line in raw.split("\n\n"):
-        if line.startswith("data: "):
-            data = line.removeprefix("data: ")
-            events.append(data if data == "[DONE]" else json.loads(data))
+    for block in raw.split("\n\n"):
+        for line in block.split("\n"):  # a Responses event is `event: <type>` then its data
+            if line.startswith("data: "):
+                data = line.removeprefix("data: ")
+                events.append(data if data == "[DONE]" else json.loads(data))
     request = {"path": path, "body": abbreviate(body)}
     return {"request": request, **meta, "raw": raw, "events": events}
 
@@ -180,8 +215,9 @@ def details_keys(answers: dict[str, dict[str, Any]]) -> dict[str, list[str]]:
     for name, answer in answers.items():
         bodies = answer.get("events") or [answer.get("body")]
         for body in bodies:
-            if isinstance(body, dict) and isinstance(body.get("usage"), dict):
-                out[name] = sorted(body["usage"]["prompt_tokens_details"] or {})
+            usage = body.get("usage") if isinstance(body, dict) else None
+            if isinstance(usage, dict) and "prompt_tokens_details" in usage:
+                out[name] = sorted(usage["prompt_tokens_details"] or {})
     return out
 
 

@@ -7,6 +7,7 @@ client parses must not. Each function returns the differences as readable lines
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -86,18 +87,35 @@ def _digits(message: Any) -> str:
     return re.sub(r"\d+", "N", str(message))
 
 
-def framing_diff(raw: str) -> list[str]:
-    """SSE as vLLM frames it: `data: <json>` events, blank-line separated, then [DONE]."""
-    blocks = raw.split("\n\n")
+def framing_diff(want: str, got: str) -> list[str]:
+    """SSE as vLLM frames it: blank-line separated events, each one `data: <json>` line
+    ending with `data: [DONE]` (chat, completions), or, in the Responses API, an
+    `event: <type>` line before each `data: ` line naming the same type, and no [DONE]."""
+    blocks = got.split("\n\n")
     out = []
     if blocks[-1] != "":
         out.append("stream does not end with a blank line")
     events = blocks[:-1]
+    typed = want.startswith("event: ")
+    if typed:
+        out += [f"event {i} is not `event: <type>` and its data: {e[:80]!r}"
+                for i, e in enumerate(events) if not _typed_event(e)]  # fmt: skip
+        if events and events[-1] == "data: [DONE]":
+            out.append("a Responses stream ends with `data: [DONE]`")
+        return out
     if not events or events[-1] != "data: [DONE]":
         out.append("stream does not end with `data: [DONE]`")
     out += [f"event {i} is not one `data: ` line: {e[:80]!r}"
             for i, e in enumerate(events) if not e.startswith("data: ") or "\n" in e]  # fmt: skip
     return out
+
+
+def _typed_event(block: str) -> bool:
+    lines = block.split("\n")
+    if len(lines) != 2 or not lines[0].startswith("event: ") or not lines[1].startswith("data: "):
+        return False
+    kind = lines[0].removeprefix("event: ")
+    return bool(json.loads(lines[1].removeprefix("data: ")).get("type") == kind)
 
 
 def answer_diff(want: dict[str, Any], got: dict[str, Any]) -> list[str]:
@@ -108,7 +126,7 @@ def answer_diff(want: dict[str, Any], got: dict[str, Any]) -> list[str]:
     if media_type(want["content_type"]) != media_type(got["content_type"]):
         out.append(f"content-type: {want['content_type']} in vLLM, {got['content_type']} here")
     if "raw" in want and "raw" in got:
-        out += framing_diff(got["raw"])
+        out += framing_diff(want["raw"], got["raw"])
         out += shape_diff(collapse(want["events"]), collapse(got["events"]), "events")
     else:
         out += shape_diff(want.get("body"), got.get("body"), "body")

@@ -94,3 +94,30 @@ async def test_an_uncached_prompt_waits_for_its_prefill_and_is_then_cached(
         hit = await cached(client, messages)
     assert cold > 0.24  # at least the modelled prefill time (a busy machine adds to it)
     assert hit >= 1984
+
+
+async def test_the_responses_api_caches_a_repeated_prompt_like_chat(start_sim: StartSim) -> None:
+    """Through the official SDK, streamed and not: instructions and input are the prompt."""
+    sim = await start_sim(**FAST)
+    instructions = " ".join(f"rule{i}" for i in range(300))
+    async with client_for(sim) as client:
+        first = await client.responses.create(
+            model="sim", instructions=instructions, input="Summarise.", max_output_tokens=4
+        )
+        stream = await client.responses.create(
+            model="sim", instructions=instructions, input="Summarise.", max_output_tokens=4,
+            stream=True,
+        )  # fmt: skip
+        events = [event async for event in stream]
+    assert first.usage is not None
+    assert first.usage.input_tokens_details.cached_tokens == 0
+    assert first.output_text
+    assert events[0].type == "response.created"
+    assert events[-1].type == "response.completed"
+    repeat = events[-1].response
+    assert repeat.usage is not None
+    assert repeat.usage.input_tokens == first.usage.input_tokens
+    assert repeat.usage.input_tokens_details.cached_tokens >= first.usage.input_tokens - 16
+    assert repeat.output_text == "".join(
+        e.delta for e in events if e.type == "response.output_text.delta"
+    )
