@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 if TYPE_CHECKING:
     from gateway.limits.base import Plan
 
-Endpoint = Literal["chat", "completions", "embeddings"]
+Endpoint = Literal["chat", "completions", "embeddings", "responses"]
 Decision = Literal["hit", "miss", "overflow", "affinity", "fallback", "none"]
 Period = Literal["day", "month"]
 

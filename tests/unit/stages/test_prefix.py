@@ -241,3 +241,34 @@ def test_hasher_keeps_its_token_cache_within_the_setting() -> None:
         hasher.key(chat(("user", f"question {i}: " + "tides and currents " * 60)), ENC)
     assert hasher._pieces.used <= 0.25 * 2**20
     assert len(hasher._pieces) < 400
+
+
+SYSTEM = "You answer questions about the hosting plans. " * 20
+
+
+def test_a_responses_call_hashes_as_the_chat_call_with_its_conversation(
+    hasher: PrefixHasher,
+) -> None:
+    """instructions + input items are the prompt, as vLLM renders them with chat's template,
+    so the two APIs share cached prefixes; the reply's key is the next turn's prefix."""
+    conversation = chat(("system", SYSTEM), ("user", "Which plan has backups?"))
+    items = [
+        {"role": "user", "content": [{"type": "input_text", "text": "Which plan has backups?"}]}
+    ]
+    responses = Request(endpoint="responses", model="m",
+                        body={"instructions": SYSTEM, "input": items})  # fmt: skip
+    key = hasher.key(responses, "cl100k_base")
+    assert key == hasher.key(conversation, "cl100k_base")
+    question = "Which plan has backups?"
+    as_text = Request(
+        endpoint="responses", model="m", body={"instructions": SYSTEM, "input": question}
+    )
+    assert hasher.key(as_text, "cl100k_base") == key
+    reply = "The business plan keeps nightly backups for thirty days. " * 4
+    turn2 = Request(endpoint="responses", model="m", body={"instructions": SYSTEM, "input": [
+        *items, {"type": "message", "role": "assistant",
+                 "content": [{"type": "output_text", "text": reply, "annotations": []}]},
+        {"role": "user", "content": "And the cheapest?"}]})  # fmt: skip
+    learned = hasher.reply_key(responses, "cl100k_base", reply)
+    assert learned is not None
+    assert hasher.key(turn2, "cl100k_base").hashes[: len(learned.hashes)] == learned.hashes
