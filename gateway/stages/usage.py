@@ -2,7 +2,10 @@
 
 OpenAI's convention, which vLLM follows: ``prompt_tokens`` includes the cached ones, and a
 missing ``prompt_tokens_details`` (how vLLM reports a miss when details are off) means
-zero cached tokens.
+zero cached tokens. The Responses API names them ``input_tokens`` (cached ones included,
+``input_tokens_details.cached_tokens``) and ``output_tokens``; vLLM adds a
+``cache_write_tokens`` there that counts prompt tokens it prefilled and kept, which are
+billed as standard input like every uncached prompt token (not as a cache write).
 """
 
 from __future__ import annotations
@@ -13,13 +16,15 @@ import orjson
 
 from gateway.flow import Usage
 
-__all__ = ["Usage", "delivered_text", "from_body", "from_usage"]
+__all__ = ["Usage", "delivered_text", "event_usage", "from_body", "from_usage"]
 
 
 def from_usage(usage: Any) -> Usage | None:
     """A Usage from an OpenAI ``usage`` object, or None if it is not one."""
     if not isinstance(usage, dict):
         return None
+    if "input_tokens" in usage:
+        return _responses_usage(usage)
     details = usage.get("prompt_tokens_details") or {}
     return Usage(
         prompt_tokens=_int(usage.get("prompt_tokens")),
@@ -29,6 +34,27 @@ def from_usage(usage: Any) -> Usage | None:
         if isinstance(details, dict)
         else 0,
     )
+
+
+def _responses_usage(usage: dict[str, Any]) -> Usage:
+    details = usage.get("input_tokens_details")
+    return Usage(
+        prompt_tokens=_int(usage.get("input_tokens")),
+        completion_tokens=_int(usage.get("output_tokens")),
+        cached_tokens=_int(details.get("cached_tokens")) if isinstance(details, dict) else 0,
+    )
+
+
+def event_usage(data: Any) -> Usage | None:
+    """The usage an SSE event's data carries: a chat or completions chunk's ``usage``, or
+    the response of a Responses stream's last event (``response.completed``, ``.incomplete``
+    or ``.failed``)."""
+    if not isinstance(data, dict):
+        return None
+    response = data.get("response")
+    if isinstance(response, dict) and "usage" in response:
+        return from_usage(response["usage"])
+    return from_usage(data.get("usage"))
 
 
 def from_body(body: bytes) -> tuple[Usage | None, str]:
@@ -43,6 +69,13 @@ def from_body(body: bytes) -> tuple[Usage | None, str]:
 
 
 def _choice_text(data: dict[str, Any]) -> str:
+    """The text of a chat or completions answer or chunk, or of a Responses answer or
+    text delta event."""
+    if data.get("object") == "response":
+        return _output_text(data.get("output"))
+    if data.get("type") == "response.output_text.delta":
+        delta = data.get("delta")
+        return delta if isinstance(delta, str) else ""
     choices = data.get("choices")
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
         return ""
@@ -50,6 +83,18 @@ def _choice_text(data: dict[str, Any]) -> str:
     message = choice.get("message") or choice.get("delta")
     text = message.get("content") if isinstance(message, dict) else choice.get("text")
     return text if isinstance(text, str) else ""
+
+
+def _output_text(output: Any) -> str:
+    """The text parts of a Responses answer's message items, in order."""
+    parts = []
+    for item in output if isinstance(output, list) else ():
+        content = item.get("content") if isinstance(item, dict) else None
+        for part in content if isinstance(content, list) else ():
+            if isinstance(part, dict) and part.get("type") == "output_text":
+                text = part.get("text")
+                parts.append(text if isinstance(text, str) else "")
+    return "".join(parts)
 
 
 def _int(value: Any) -> int:

@@ -1,4 +1,8 @@
+import json
+from pathlib import Path
+
 from gateway.flow import Usage
+from gateway.stages import usage
 from gateway.stages.usage import delivered_text, from_body, from_usage
 
 
@@ -39,3 +43,30 @@ def test_delivered_text_joins_stream_deltas() -> None:
         b"data: [DONE]",
     ]
     assert delivered_text(events) == "a b c"
+
+
+FIXTURES = Path(__file__).parents[2] / "vllm" / "fixtures"
+
+
+def test_a_responses_answer_recorded_from_vllm_gives_its_usage_and_text() -> None:
+    body = json.loads((FIXTURES / "responses.json").read_text())["body"]
+    found, text = usage.from_body(json.dumps(body).encode())
+    reported = body["usage"]
+    assert found == Usage(
+        prompt_tokens=reported["input_tokens"],
+        completion_tokens=reported["output_tokens"],
+        cached_tokens=reported["input_tokens_details"]["cached_tokens"],
+    )  # vLLM's cache_write_tokens are standard input here, not cache writes
+    assert text == body["output"][0]["content"][0]["text"]
+
+
+def test_a_responses_stream_recorded_from_vllm_gives_its_usage_and_text() -> None:
+    recorded = json.loads((FIXTURES / "responses_stream.json").read_text())
+    events = recorded["raw"].encode().split(b"\n\n")[:-1]
+    found = [usage.event_usage(e) for e in recorded["events"]]
+    completed = recorded["events"][-1]["response"]
+    assert found[:-1] == [None] * (len(found) - 1)  # created, in_progress: usage null
+    assert found[-1] == usage.from_usage(completed["usage"])
+    assert found[-1] is not None
+    assert found[-1].completion_tokens == 12
+    assert usage.delivered_text(events) == completed["output"][0]["content"][0]["text"]
