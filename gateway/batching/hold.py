@@ -185,7 +185,7 @@ class TokenWatch:
 
 
 class FirstToken:
-    """Finds the first SSE event of a completion stream that carries generated output.
+    """Finds the first SSE event of a stream that carries generated output.
 
     A chat stream may open with an empty role-only delta before the prompt is prefilled
     (the simulator does), so the first byte alone does not show a computed prefix.
@@ -200,6 +200,12 @@ class FirstToken:
         return any(carries_token(e) for e in events)
 
 
+RESPONSE_OUTPUT = frozenset({"response.output_item.added", "response.completed",
+                             "response.incomplete"})  # fmt: skip
+"""Responses API events that show output was generated; so does any ``*.delta`` event.
+``response.created`` and ``.in_progress`` come before prefill."""
+
+
 def carries_token(event: bytes) -> bool:
     payload = event.partition(b"data:")[2].strip()
     if payload == b"[DONE]":
@@ -212,6 +218,9 @@ def carries_token(event: bytes) -> bool:
         return False
     if "error" in data:
         return False
+    kind = data.get("type")
+    if isinstance(kind, str) and kind.startswith("response."):  # a Responses API event
+        return kind in RESPONSE_OUTPUT or kind.endswith(".delta")
     if data.get("usage"):
         return True
     for choice in data.get("choices") or ():

@@ -1,4 +1,6 @@
 import asyncio
+import json
+from pathlib import Path
 
 import aiohttp
 import orjson
@@ -15,6 +17,8 @@ from gateway.batching.hold import (
 from gateway.flow import Call, PrefixKey, Request
 from gateway.settings import BatchingSettings
 from tests.unit.batching.fakes import FakeSend, FakeUpstream, chat_call
+
+FIXTURES = Path(__file__).parents[2] / "vllm" / "fixtures"
 
 
 def event(data: object) -> bytes:
@@ -146,3 +150,12 @@ async def test_a_call_sharing_only_an_opening_is_not_held() -> None:
     assert follower.served_by == "upstream"
     assert shared_blocks([1, 2, 3], [1, 2, 3, 4]) == 3
     assert shared_blocks([1, 5], [1, 2]) == 1
+
+
+def test_a_responses_stream_carries_a_token_from_its_first_output_not_its_opening() -> None:
+    recorded = json.loads((FIXTURES / "responses_stream.json").read_text())["raw"].encode()
+    events = recorded.split(b"\n\n")[:-1]
+    carried = [carries_token(e) for e in events]
+    assert carried[:2] == [False, False]  # response.created, response.in_progress
+    assert carried[2]  # response.output_item.added: the first token is out
+    assert carried[-1]  # response.completed
