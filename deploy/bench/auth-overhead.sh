@@ -2,12 +2,13 @@
 # Throughput with auth + limits on vs off: two gateways, identical but for auth.enabled,
 # each in front of its own instant simulator, sharing Postgres (ledger) and Redis.
 # Usage: [ROUNDS=N] [SECONDS_PER_RUN=S] [COMPARE=1] deploy/bench/auth-overhead.sh
-# (Postgres and Redis on 127.0.0.1; ports 187xx). Each round loads both gateways at once
+# (Postgres and Redis on 127.0.0.1; ports PORTS01-12, PORTS=187 by default: 18701...).
+# Each round loads both gateways at once
 # (a wrk -t1 -c16 each, for SECONDS_PER_RUN), and the two share one core, so whatever
 # slows the machine slows both in the same seconds; it prints req/s and each gateway
 # process's CPU time per request, then the medians. ALTERNATE=1 loads one side at a time
-# instead, in turn (the method before 2026-11-30, session 8: on a machine whose speed
-# swings from one 4-second run to the next, its per-round ratios ranged from -31% to +30%).
+# instead, in turn (on a machine whose speed swings from one 4-second run to the next,
+# its per-round ratios range from -31% to +30%).
 # AA=1 turns auth off on both sides: what the method reads when there is no difference;
 # AA=keyed turns it on on both (one key, its leases shared by the two gateways).
 # PYTHONPATH_OFF / PYTHONPATH_ON run that side from another checkout (a git worktree): with
@@ -35,6 +36,8 @@
 # per function, which callgrind_annotate turns into a cycle estimate).
 set -e
 G=${GATEWAY:-gateway}
+P=${PORTS:-187}
+port() { [ $1 = off ] && echo ${P}11 || echo ${P}12; }
 SIMARGS=${SIMARGS:---instant}
 CONC=${CONC:-16}
 ROUNDS=${ROUNDS:-5}
@@ -65,10 +68,10 @@ cleanup() { for p in "${pids[@]}"; do kill $p 2>/dev/null || true; done; sleep 1
   psql -h 127.0.0.1 -d test -qc "DROP DATABASE IF EXISTS $DB WITH (FORCE)";
   redis-cli --scan --pattern "${PFX}*" | xargs -r redis-cli del > /dev/null; }
 trap cleanup EXIT
-$OTHERS $G sim $SIMARGS --port 18701 > sim1.log 2>&1 & pids+=($!)
-$OTHERS $G sim $SIMARGS --port 18702 > sim2.log 2>&1 & pids+=($!)
+$OTHERS $G sim $SIMARGS --port ${P}01 > sim1.log 2>&1 & pids+=($!)
+$OTHERS $G sim $SIMARGS --port ${P}02 > sim2.log 2>&1 & pids+=($!)
 for side in off on; do
-  port=$([ $side = off ] && echo 18711 || echo 18712); sim=$([ $side = off ] && echo 18701 || echo 18702)
+  port=$(port $side); sim=$([ $side = off ] && echo ${P}01 || echo ${P}02)
   case "${AA:-}:$side" in
     keyed:*|:on) enabled=true ;;
     *) enabled=false ;;
@@ -91,12 +94,11 @@ serve() {  # $1: off or on
   exec $GATEWAYS ${CALLGRIND:+valgrind --tool=callgrind --instr-atstart=no --trace-children=yes \
     ${CALLGRIND_ARGS:-} --callgrind-out-file="$WORK/$1.cg"} $G serve --config $1.yaml --port "$(port $1)" >> $1.log 2>&1
 }
-port() { [ $1 = off ] && echo 18711 || echo 18712; }
 # Two starts of the same code differ by 1-2 points (A/A runs), so both restart every
 # RESTART_EVERY rounds, in turn in either order, and a run's median is over many starts of
 # each side (not under callgrind). They warm up together, as the rounds load them: warmed
-# up one after the other (the method until session 9), the side warmed up last ran the
-# next rounds 2-4 points slower, so off/on came out at -3% or -7.5% by the order alone.
+# up one after the other, the side warmed up last runs the next rounds 2-4 points slower,
+# so off/on comes out at -3% or -7.5% by the order alone.
 start() {  # $1 $2: the sides in the order they start
   serve $1 & pids+=($!); eval "${1^^}PID=$!"
   serve $2 & pids+=($!); eval "${2^^}PID=$!"
@@ -111,9 +113,9 @@ restart() {  # $1 $2 as for start
 start off on
 $G keys teams create bench $TEAMLIMITS --config on.yaml > /dev/null
 KEY=$($G keys create --team bench $KEYLIMITS --config on.yaml 2>/dev/null | python3 -c "import sys,json;print(json.load(sys.stdin)['key'])")
-curl -sf -o /dev/null http://127.0.0.1:18712/v1/chat/completions -H "authorization: Bearer $KEY" -H 'content-type: application/json' -d '{"model":"sim-model","messages":[{"role":"user","content":"hi"}],"max_tokens":2}' && echo "key works"
+curl -sf -o /dev/null http://127.0.0.1:${P}12/v1/chat/completions -H "authorization: Bearer $KEY" -H 'content-type: application/json' -d '{"model":"sim-model","messages":[{"role":"user","content":"hi"}],"max_tokens":2}' && echo "key works"
 pid() { [ $1 = off ] && echo $OFFPID || echo $ONPID; }
-url() { echo "http://127.0.0.1:$([ $1 = off ] && echo 18711 || echo 18712)/v1"; }
+url() { echo "http://127.0.0.1:$(port $1)/v1"; }
 HZ=$(getconf CLK_TCK)
 load() { $OTHERS wrk -t1 -c$CONC -d${SECONDS_PER_RUN}s -s "$CHAT_LUA" "$(url $1)/chat/completions" -- sim-model "$KEY" "$MAX_TOKENS" "${STREAM:+stream}" "${SYSTEM_WORDS:-0}"; }
 UNIT="us CPU/request"; [ -n "${CALLGRIND:-}" ] && UNIT="instructions/request"
