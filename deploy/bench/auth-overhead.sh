@@ -61,11 +61,16 @@ WORK=$(mktemp -d /tmp/gw-auth-bench-XXXXXX)
 cd "$WORK"
 DB=gw_keysbench_$$
 PFX="gwbench:keys:$$:"
-psql -h 127.0.0.1 -U postgres -d test -qc "CREATE DATABASE $DB" 2>/dev/null || psql -h 127.0.0.1 -d test -qc "CREATE DATABASE $DB"
-URL=postgresql://127.0.0.1:5432/$DB
+# SPLIT_DB=1: each side its own database (for old code against new across a migration;
+# not with AA=keyed, whose key lives in one).
+DBS="$DB"; [ -n "${SPLIT_DB:-}" ] && DBS="${DB}_off ${DB}_on"
+for d in $DBS; do
+  psql -h 127.0.0.1 -U postgres -d test -qc "CREATE DATABASE $d" 2>/dev/null || psql -h 127.0.0.1 -d test -qc "CREATE DATABASE $d"
+done
+db_url() { echo "postgresql://127.0.0.1:5432/$DB${SPLIT_DB:+_$1}"; }
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill $p 2>/dev/null || true; done; sleep 1;
-  psql -h 127.0.0.1 -d test -qc "DROP DATABASE IF EXISTS $DB WITH (FORCE)";
+  for d in $DBS; do psql -h 127.0.0.1 -d test -qc "DROP DATABASE IF EXISTS $d WITH (FORCE)"; done
   redis-cli --scan --pattern "${PFX}*" | xargs -r redis-cli del > /dev/null; }
 trap cleanup EXIT
 $OTHERS $G sim $SIMARGS --port ${P}01 > sim1.log 2>&1 & pids+=($!)
@@ -79,7 +84,7 @@ for side in off on; do
   cat > $side.yaml <<YAML
 server: {access_log: false}
 models: [{name: sim-model, backends: [{url: "http://127.0.0.1:$sim"}], price: {input: "0.15", cached_input: "0.075", output: "0.6"}}]
-database: {url: "$URL", auto_migrate: true}
+database: {url: "$(db_url $side)", auto_migrate: true}
 ledger: {spool_dir: "$WORK/spool-$side", flush_interval: $(stretch 0.05)}
 redis: {url: "redis://127.0.0.1:6379/0", key_prefix: "$PFX", timeout: 1.0,
         lease_period: $(stretch ${LEASE_PERIOD:-1.0}), settle_interval: $(stretch ${SETTLE_INTERVAL:-0.25})}
