@@ -87,3 +87,58 @@ def test_unknown_names_are_caught(exported: set[str]) -> None:
     assert "vllm:num_requests_waiting" in exported
     assert "gateway_time_to_first_token_seconds_bucket" in exported
     assert "gateway_cost_usd_total" in exported
+
+
+GATEWAY_TOKENS = {"gateway_predicted_cached_tokens_total"}
+"""Counted with the gateway's tokenizer (the prefix index's blocks)."""
+BACKEND_TOKENS = {
+    "gateway_reported_cached_tokens_total",
+    "gateway_tokens_total",
+    "vllm:prompt_tokens_total",
+    "vllm:generation_tokens_total",
+    "vllm:prefix_cache_hits_total",
+    "vllm:prefix_cache_queries_total",
+}
+"""Counted with the model's own tokenizer, as the backends report usage."""
+ARITHMETIC_AND_COMPARISONS = {"/", "*", "+", "-", "%", "^", ">", "<", ">=", "<=", "==", "!="}
+
+
+def mixed_tokens(expr: str) -> list[str]:
+    """The operations that weigh gateway tokens against backend tokens: two tokenizers
+    count the same prompt differently, so such a ratio or threshold measures them, not
+    the cache (gateway_cache_predictions_total compares shares, each in its own tokens)."""
+    found: list[str] = []
+
+    def visit(node: object) -> bool:
+        if (
+            isinstance(node, promql_parser.BinaryExpr)
+            and str(node.op) in ARITHMETIC_AND_COMPARISONS
+        ):
+            sides = metric_names(str(node.lhs)), metric_names(str(node.rhs))
+            for a, b in (sides, sides[::-1]):
+                if a & GATEWAY_TOKENS and b & BACKEND_TOKENS:
+                    found.append(str(node))
+        return True
+
+    promql_parser.walk(promql_parser.parse(expr), visit)
+    return found
+
+
+def test_gateway_and_backend_tokens_are_never_weighed_against_each_other(
+    dashboard: dict[str, Any], alert_rules: list[dict[str, Any]], exported: set[str]
+) -> None:
+    queries = dashboard_queries(dashboard) + [(r["alert"], r["expr"]) for r in alert_rules]
+    for title, expr in queries:
+        assert not mixed_tokens(grafana_to_promql(expr)), f"{title!r} mixes tokenizers: {expr}"
+    assert exported >= BACKEND_TOKENS | GATEWAY_TOKENS
+
+
+def test_mixed_tokens_are_caught() -> None:
+    """The check has teeth: a ratio or a threshold across the two kinds is reported."""
+    predicted = "sum(rate(gateway_predicted_cached_tokens_total[5m]))"
+    reported = "sum(rate(gateway_reported_cached_tokens_total[5m]))"
+    assert mixed_tokens(f"{predicted} / clamp_min({reported}, 1)")
+    assert mixed_tokens(f"{reported} / {predicted}")
+    assert mixed_tokens(f"{predicted} > 2 * {reported} and {predicted} > 100")
+    assert not mixed_tokens(f"{predicted} > 100 and {reported} > 100")
+    assert not mixed_tokens('sum(rate(gateway_tokens_total{kind="cached"}[5m])) / 2')
