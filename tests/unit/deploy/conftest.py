@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -79,10 +81,14 @@ def datasources() -> list[dict[str, Any]]:
     return yaml.safe_load(DATASOURCES.read_text())["datasources"]
 
 
-@pytest.fixture(scope="session")
-def alert_rules() -> list[dict[str, Any]]:
+def load_alert_rules() -> list[dict[str, Any]]:
     groups = yaml.safe_load(ALERTS.read_text())["groups"]
     return [rule for g in groups for rule in g["rules"]]
+
+
+@pytest.fixture(scope="session")
+def alert_rules() -> list[dict[str, Any]]:
+    return load_alert_rules()
 
 
 def panels(dashboard: dict[str, Any]) -> list[dict[str, Any]]:
@@ -102,3 +108,39 @@ def grafana_to_promql(expr: str) -> str:
     for var, value in GRAFANA_VARIABLES.items():
         expr = expr.replace(var, value)
     return re.sub(r"\$\{?\w+\}?", ".*", expr)
+
+
+COMPARISONS = ("==", "!=", ">=", "<=", ">", "<")
+
+
+def comparisons_as_bool(expr: str) -> str:
+    """The expression with every comparison made `bool`: it then answers 0 or 1 for each
+    series it compares instead of only those past the threshold, which shows whether the
+    series it names exist at all. Label matchers and strings are left alone."""
+    out, i, depth, quote = [], 0, 0, ""
+    while i < len(expr):
+        c = expr[i]
+        if quote:
+            quote = "" if c == quote and expr[i - 1] != "\\" else quote
+        elif c in "\"'`":
+            quote = c
+        elif c in "{}":
+            depth += 1 if c == "{" else -1
+        elif depth == 0 and (op := next((o for o in COMPARISONS if expr.startswith(o, i)), "")):
+            out.append(f"{op} bool")
+            i += len(op)
+            continue
+        out.append(c)
+        i += 1
+    return "".join(out)
+
+
+def promtool(*args: str) -> str:
+    """Run promtool (Debian's `prometheus` package; .ci/run installs it); its output, or a
+    failed test that shows it."""
+    binary = shutil.which("promtool")
+    assert binary, "promtool is not installed: apt-get install prometheus (.ci/run does)"
+    done = subprocess.run([binary, *args], capture_output=True, text=True, timeout=120)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, f"promtool {' '.join(args)} failed:\n{output}"
+    return output
