@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import IO
 
 import httpx
+import yaml
 
 from tests.conftest import free_port
 
@@ -31,6 +33,7 @@ __all__ = [
     "consecutive_free_ports",
     "free_port",
     "gateway_process",
+    "prometheus_process",
     "server_process",
     "server_processes",
     "wait_http",
@@ -161,3 +164,32 @@ def gateway_process(
     with server_process(*args, health_path=health_path, port=port, env=env,
                         timeout=timeout) as server:  # fmt: skip
         yield server.url
+
+
+@contextlib.contextmanager
+def prometheus_process(config: dict[str, object], workdir: Path) -> Iterator[str]:
+    """Run a real Prometheus (Debian's `prometheus` package; .ci/run installs it) with this
+    config on a free loopback port, its data in workdir, and yield its base URL. A
+    system Prometheus on :9090, if any, is never involved."""
+    binary = shutil.which("prometheus")
+    assert binary, "prometheus is not installed: apt-get install prometheus (.ci/run does)"
+    config_file = workdir / "prometheus.yml"
+    config_file.write_text(yaml.safe_dump(config))
+    url = f"http://127.0.0.1:{free_port()}"
+    log = workdir / "prometheus.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [
+                binary,
+                f"--config.file={config_file}",
+                f"--storage.tsdb.path={workdir / 'data'}",
+                f"--web.listen-address={url.removeprefix('http://')}",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            wait_http(url + "/-/ready", proc, log=log)
+            yield url
+        finally:
+            stop(proc)

@@ -114,7 +114,7 @@ async def _bench(load: Load, redis_url: str, database_url: str) -> list[Run]:
     async with scratch_database(database_url) as db:
         with (
             tempfile.TemporaryDirectory(prefix="gw-bench-limits-") as tmp,
-            _redis_prefix(redis_url) as prefix,
+            scratch_redis_prefix(redis_url, "gwbench:limits") as prefix,
             _cluster(Path(tmp), load.replicas, redis_url, prefix, db) as urls,
         ):
             _create_team(urls[0])
@@ -180,11 +180,12 @@ def _admin() -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def _redis_prefix(url: str) -> Iterator[str]:
-    """A key prefix of the bench's own; its keys are deleted afterwards."""
+def scratch_redis_prefix(url: str, owner: str) -> Iterator[str]:
+    """A key prefix of its own on a shared Redis (owner:random:); its keys are deleted
+    afterwards."""
     import redis
 
-    prefix = f"gwbench:limits:{uuid.uuid4().hex[:10]}:"
+    prefix = f"{owner}:{uuid.uuid4().hex[:10]}:"
     try:
         yield prefix
     finally:

@@ -8,7 +8,7 @@ from typing import Any
 import promql_parser
 import pytest
 
-from tests.unit.deploy.conftest import grafana_to_promql, panels
+from tests.unit.deploy.conftest import COMPARISONS, comparisons_as_bool, grafana_to_promql, panels
 
 
 def metric_names(expr: str) -> set[str]:
@@ -142,3 +142,26 @@ def test_mixed_tokens_are_caught() -> None:
     assert mixed_tokens(f"{predicted} > 2 * {reported} and {predicted} > 100")
     assert not mixed_tokens(f"{predicted} > 100 and {reported} > 100")
     assert not mixed_tokens('sum(rate(gateway_tokens_total{kind="cached"}[5m])) / 2')
+
+
+def test_comparisons_made_bool_leave_matchers_alone(alert_rules: list[dict[str, Any]]) -> None:
+    expr = 'max(a{x!="1",y=~"<>"}) > 0 or sum(increase(b[15m])) >= 2 * c'
+    assert comparisons_as_bool(expr) == (
+        'max(a{x!="1",y=~"<>"}) > bool 0 or sum(increase(b[15m])) >= bool 2 * c'
+    )
+
+    def comparisons(expr: str) -> list[bool]:
+        found: list[bool] = []
+
+        def visit(node: object) -> bool:
+            if isinstance(node, promql_parser.BinaryExpr) and str(node.op) in COMPARISONS:
+                found.append(node.modifier is not None and node.modifier.return_bool)
+            return True
+
+        promql_parser.walk(promql_parser.parse(expr), visit)
+        return found
+
+    for rule in alert_rules:
+        made = comparisons(comparisons_as_bool(rule["expr"]))
+        assert made, rule["alert"]
+        assert all(made), rule["alert"]
