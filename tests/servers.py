@@ -97,7 +97,7 @@ def server_process(
     health_path: str = "/health",
     port: int | None = None,
     env: dict[str, str] | None = None,
-    timeout: float = 30,
+    timeout: float = 90,
 ) -> Iterator[Server]:
     """Run `python -m gateway <args> --port P` and yield it once it answers."""
     with server_processes([*args, "--port", str(port or free_port())], health_path=health_path,
@@ -110,7 +110,7 @@ def server_processes(
     *commands: Sequence[str],
     health_path: str = "/health",
     env: dict[str, str] | None = None,
-    timeout: float = 30,
+    timeout: float = 90,
 ) -> Iterator[list[Server]]:
     """Start `python -m gateway <command>` for each command at once, and yield them once all
     answer: each command ends with `--port P`. Starting together saves the seconds each
@@ -158,7 +158,7 @@ def gateway_process(
     health_path: str = "/health",
     port: int | None = None,
     env: dict[str, str] | None = None,
-    timeout: float = 30,
+    timeout: float = 90,
 ) -> Iterator[str]:
     """Run `python -m gateway <args> --port P` and yield its base URL (http://127.0.0.1:P)."""
     with server_process(*args, health_path=health_path, port=port, env=env,
