@@ -16,8 +16,8 @@ from starlette.responses import Response
 from starlette.types import Receive
 
 from gateway import batching
+from gateway.answers import Answer, read_whole
 from gateway.backends import Backend, Model
-from gateway.batching import Answer
 from gateway.errors import GatewayError, InternalError, ShuttingDown
 from gateway.flow import Call, Endpoint, PrefixKey, Route
 from gateway.index import feedback
@@ -25,7 +25,9 @@ from gateway.ledger.models import to_usd
 from gateway.services import Services
 from gateway.stages import auth, forward, limits, parse, usage
 from gateway.stages.costs import Rates
-from gateway.stages.forward import EventScanner, StreamRelay, Unreachable
+from gateway.stages.forward import Unreachable
+from gateway.stages.relay import StreamRelay
+from gateway.stages.sse import EventScanner
 
 log = logging.getLogger(__name__)
 access_log = logging.getLogger("gateway.access")
@@ -67,10 +69,10 @@ async def handle(
         headers.update(forward.passed_headers(upstream))
         if call.request.stream:
             headers[OVERHEAD_HEADER] = milliseconds(overhead(call))
-            scanner = EventScanner(call, strip_usage=not call.request.include_usage)
+            scanner = EventScanner(strip_usage=not call.request.include_usage)
             relay = StreamRelay(call, upstream, scanner, lambda c, s: finish(c, svc, s), headers)
             return with_quota(call, relay)
-        raw = await forward.read_body(upstream, backend)
+        raw = await read_whole(upstream)
     except GatewayError as exc:
         failed(call, svc, exc)
         raise
@@ -184,6 +186,8 @@ def finish(call: Call, svc: Services, scanner: EventScanner | None = None) -> fl
     """
     if call.done_at is None:
         call.done_at = time.perf_counter()
+    if scanner is not None:
+        call.usage = scanner.usage
     if call.route is not None and call.dispatched_at is not None:
         own = batching.owns_upstream(call)
         if own:

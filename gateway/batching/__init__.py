@@ -13,8 +13,8 @@ Each call that rode on shared work says so in ``Call.served_by`` ("coalesced", "
 
 from __future__ import annotations
 
+from gateway.answers import Answer
 from gateway.backends import Backend, Model
-from gateway.batching.answers import Answer
 from gateway.batching.coalesce import Coalescer, coalesce_key
 from gateway.batching.embeddings import EmbeddingBatcher
 from gateway.batching.hold import PrefixHold, Send

@@ -16,12 +16,11 @@ from dataclasses import dataclass, replace
 
 import orjson
 
+from gateway.answers import Answer, FixedAnswer, read_whole
 from gateway.backends import Backend
-from gateway.batching.answers import Answer, FixedAnswer
 from gateway.batching.shared import SharedAnswer
 from gateway.errors import BadGateway, GatewayError
 from gateway.flow import Call, Request, Route
-from gateway.stages import forward as forward_stage
 
 Forward = Callable[[Call, bytes], Awaitable[tuple[Backend, Answer]]]
 
@@ -92,7 +91,7 @@ class Coalescer:
         try:
             backend, upstream = await forward(call, payload)
             if not call.request.stream:
-                raw = await forward_stage.read_body(upstream, backend)  # type: ignore[arg-type]
+                raw = await read_whole(upstream)
         except GatewayError as exc:
             self._land(key, flight, Sent(error=exc))
             raise

@@ -22,13 +22,12 @@ from typing import Any
 
 import orjson
 
+from gateway.answers import Answer, FixedAnswer, read_whole
 from gateway.backends import Backend
-from gateway.batching.answers import Answer, FixedAnswer
 from gateway.batching.coalesce import own_copy
 from gateway.errors import BadGateway, GatewayError, UpstreamError
 from gateway.flow import Call
 from gateway.settings import BatchingSettings
-from gateway.stages import forward
 
 Send = Callable[[Call, bytes, str | None], Awaitable[tuple[Backend, Answer]]]
 
@@ -163,7 +162,7 @@ class EmbeddingBatcher:
         body["input"] = [text for m in members for text in m.inputs]
         try:
             backend, upstream = await send(leader, orjson.dumps(body), None)
-            raw = await forward.read_body(upstream, backend)  # type: ignore[arg-type]
+            raw = await read_whole(upstream)
             parts = split_response(
                 raw, [len(m.inputs) for m in members], [weight(m.inputs) for m in members]
             )

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import orjson
 
+from gateway.answers import Answer
 from gateway.backends import Backend
-from gateway.batching.answers import Answer
 from gateway.errors import BackendUnavailable
 from gateway.flow import Call, Decision
 from gateway.settings import BatchingSettings
@@ -146,14 +146,10 @@ class TokenWatch:
     def headers(self) -> Mapping[str, str]:
         return self._upstream.headers
 
-    @property
-    def content(self) -> TokenWatch:
-        return self
-
-    async def iter_any(self) -> AsyncIterator[bytes]:
+    async def chunks(self) -> AsyncIterator[bytes]:
         complete = False
         try:
-            async for chunk in self._upstream.content.iter_any():
+            async for chunk in self._upstream.chunks():
                 if self._signal is not None and self._finder.feed(chunk):
                     self._fire(True)
                 yield chunk

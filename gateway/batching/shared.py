@@ -12,12 +12,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable, Mapping
 
-import aiohttp
-
-from gateway.batching.answers import Answer
-
-RELAYED_ERRORS = (aiohttp.ClientError, TimeoutError)
-"""Failures of the upstream body that the relay and the body reader know how to report."""
+from gateway.answers import Answer
+from gateway.errors import BadGateway, GatewayError
 
 
 class SharedAnswer:
@@ -28,7 +24,7 @@ class SharedAnswer:
         self.headers: Mapping[str, str] = upstream.headers
         self._upstream = upstream
         self._chunks: list[bytes] = []
-        self._error: BaseException | None = None
+        self._error: GatewayError | None = None
         self._done = False
         self._changed = asyncio.Event()
         self._listeners = 0
@@ -51,11 +47,11 @@ class SharedAnswer:
 
     async def _run(self) -> None:
         try:
-            async for chunk in self._upstream.content.iter_any():
+            async for chunk in self._upstream.chunks():
                 self._chunks.append(chunk)
                 self._wake()
             self._complete = True
-        except RELAYED_ERRORS as exc:
+        except GatewayError as exc:
             self._error = exc
 
     def _finished(self, _: asyncio.Task[None]) -> None:
@@ -80,7 +76,7 @@ class SharedAnswer:
 
 
 class Listener:
-    """One call's view of a shared answer, shaped like an upstream response."""
+    """One call's view of a shared answer (an Answer)."""
 
     def __init__(self, shared: SharedAnswer) -> None:
         self._shared = shared
@@ -90,11 +86,7 @@ class Listener:
     def headers(self) -> Mapping[str, str]:
         return self._shared.headers
 
-    @property
-    def content(self) -> Listener:
-        return self
-
-    async def iter_any(self) -> AsyncIterator[bytes]:
+    async def chunks(self) -> AsyncIterator[bytes]:
         """Everything so far in one piece, then each chunk as it comes."""
         shared, seen = self._shared, 0
         while True:
@@ -107,12 +99,12 @@ class Listener:
                 if shared._error is not None:
                     raise shared._error
                 if shared._pump.cancelled():
-                    raise aiohttp.ClientConnectionError("shared upstream call was cancelled")
+                    raise BadGateway("the shared upstream call was cancelled")
                 return
             await shared._changed.wait()
 
     async def read(self) -> bytes:
-        return b"".join([chunk async for chunk in self.iter_any()])
+        return b"".join([chunk async for chunk in self.chunks()])
 
     def release(self) -> None:
         self.close()

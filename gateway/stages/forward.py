@@ -1,4 +1,6 @@
-"""Send a call to its backend and relay the answer, streaming bytes through as they arrive.
+"""Send a call to its backend and wait until its answer begins; map every failure of the
+HTTP client into a GatewayError (what the answer is read through: :mod:`gateway.answers`;
+its relay to the client: :mod:`gateway.stages.relay`).
 
 This is the only module that knows the upstream HTTP client. aiohttp, not httpx: measured
 side by side here against one aiohttp server (16 concurrent, 4,000 calls), httpx's
@@ -10,29 +12,28 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Mapping
 from types import TracebackType
 from typing import Any
 
 import aiohttp
 import orjson
-from starlette.responses import Response
-from starlette.types import Receive, Scope, Send
+from starlette.types import Receive
 from yarl import URL
 
+from gateway.answers import Answer, FixedAnswer
 from gateway.backends import Backend, Cut
-from gateway.batching.answers import Answer, FixedAnswer
 from gateway.errors import (
     BackendUnavailable,
     BadGateway,
     ClientClosedRequest,
+    GatewayError,
     GatewayTimeout,
     UpstreamError,
 )
 from gateway.flow import Call, Request
 from gateway.metrics import GatewayMetrics
 from gateway.settings import UpstreamSettings
-from gateway.stages import usage
 
 UPSTREAM_PATH = {
     "chat": "/v1/chat/completions",
@@ -45,6 +46,24 @@ PASSED_HEADERS = ("x-backend-instance",)
 
 class Unreachable(BackendUnavailable):
     """The backend refused the connection: it is down, and the call is safe to retry."""
+
+
+CLIENT_ERRORS = (TimeoutError, aiohttp.ClientError)
+"""What the HTTP client raises when a backend fails: ``failure`` maps each."""
+
+
+def failure(exc: Exception, backend: str, begun: bool) -> GatewayError:
+    """The gateway's error for a failure of the HTTP client, before the answer began (a
+    refused connection is Unreachable, safe to retry) or while it was read."""
+    kind = exc.__class__.__name__
+    if isinstance(exc, TimeoutError):
+        late = "stopped answering" if begun else "did not answer in time"
+        return GatewayTimeout(f"backend {backend} {late}")
+    if begun:
+        return BadGateway(f"backend {backend} broke off its answer: {kind}")
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return Unreachable(f"backend {backend} unreachable: {kind}")
+    return BadGateway(f"backend {backend} failed: {kind}")
 
 
 def retryable(exc: BaseException) -> bool:
@@ -83,11 +102,12 @@ class Upstream:
         self._stream = aiohttp.ClientTimeout(
             sock_connect=s.connect_timeout, sock_read=s.first_byte_timeout
         )
-        limits = {"limit": s.max_connections, "limit_per_host": 0}
         self._session = aiohttp.ClientSession(
-            connector=TimedConnector(self._metrics, self._names, **limits)
+            connector=TimedConnector(
+                self._metrics, self._names, limit=s.max_connections, limit_per_host=0
+            )
             if self._metrics
-            else aiohttp.TCPConnector(**limits),
+            else aiohttp.TCPConnector(limit=s.max_connections, limit_per_host=0),
             timeout=self._whole,
             auto_decompress=False,
             skip_auto_headers=("User-Agent", "Accept-Encoding"),
@@ -127,14 +147,8 @@ class Upstream:
             if not wait.caught():
                 raise
             raise GatewayTimeout(f"backend {backend.name} was taken out") from None
-        except TimeoutError as exc:
-            raise GatewayTimeout(f"backend {backend.name} did not answer in time") from exc
-        except aiohttp.ClientConnectorError as exc:
-            raise Unreachable(
-                f"backend {backend.name} unreachable: {exc.__class__.__name__}"
-            ) from exc
-        except aiohttp.ClientError as exc:
-            raise BadGateway(f"backend {backend.name} failed: {exc.__class__.__name__}") from exc
+        except CLIENT_ERRORS as exc:
+            raise failure(exc, backend.name, begun=False) from exc
         finally:
             backend.waits.discard(wait)
 
@@ -157,7 +171,7 @@ class Upstream:
                 raw = await resp.read()
                 raise UpstreamError(resp.status, raw, resp.content_type or "application/json")
             if stream:
-                begun = await self._begin(resp)
+                begun = await self._begin(resp, backend)
                 call.first_byte_at = time.perf_counter()
                 return begun
             raw = await resp.read()
@@ -167,7 +181,7 @@ class Upstream:
         resp.release()
         return FixedAnswer(raw, resp.headers)
 
-    async def _begin(self, resp: aiohttp.ClientResponse) -> Begun:
+    async def _begin(self, resp: aiohttp.ClientResponse, backend: Backend) -> StreamAnswer:
         """Read a stream's first chunk, then bound the silences between the next ones."""
         first = await resp.content.readany()
         if not first:
@@ -178,34 +192,38 @@ class Upstream:
                 # aiohttp's own read timeout, restarted by every chunk that arrives.
                 protocol.read_timeout = self._settings.idle_timeout
                 protocol.start_timeout()
-        return Begun(resp, first)
+        return StreamAnswer(resp, first, backend.name)
 
 
-class Begun:
-    """A stream whose first chunk has arrived, replayed before the rest (an Answer)."""
+class StreamAnswer:
+    """A stream whose first chunk has arrived, replayed before the rest (an Answer).
 
-    __slots__ = ("_first", "_resp", "headers")
+    The HTTP client's failures while the body is read become the gateway's own here: a
+    silence past ``idle_timeout`` a GatewayTimeout, a body broken off a BadGateway.
+    """
 
-    def __init__(self, resp: aiohttp.ClientResponse, first: bytes) -> None:
+    __slots__ = ("_backend", "_first", "_resp", "headers")
+
+    def __init__(self, resp: aiohttp.ClientResponse, first: bytes, backend: str) -> None:
         self._resp = resp
         self._first: bytes | None = first
-        self.headers = resp.headers
+        self._backend = backend
+        self.headers: Mapping[str, str] = resp.headers
 
-    @property
-    def content(self) -> Begun:
+    def chunks(self) -> StreamAnswer:
         return self
 
-    def iter_any(self) -> Begun:
-        return self
-
-    def __aiter__(self) -> Begun:
+    def __aiter__(self) -> StreamAnswer:
         return self
 
     async def __anext__(self) -> bytes:
         if self._first is not None:
             chunk, self._first = self._first, None
             return chunk
-        chunk = await self._resp.content.readany()
+        try:
+            chunk = await self._resp.content.readany()
+        except CLIENT_ERRORS as exc:
+            raise failure(exc, self._backend, begun=True) from exc
         if not chunk:
             raise StopAsyncIteration
         return chunk
@@ -305,17 +323,6 @@ class TimedConnector(aiohttp.TCPConnector):
         return protocol
 
 
-async def read_body(resp: aiohttp.ClientResponse, backend: Backend) -> bytes:
-    try:
-        return await resp.read()
-    except TimeoutError as exc:
-        raise GatewayTimeout(f"backend {backend.name} stopped answering") from exc
-    except aiohttp.ClientError as exc:
-        raise BadGateway(f"backend {backend.name} broke off its answer") from exc
-    finally:
-        resp.release()
-
-
 def upstream_body(request: Request, upstream_model: str, raw: bytes) -> bytes:
     """The body to send upstream: the client's bytes unless the gateway must change them.
 
@@ -335,150 +342,5 @@ def upstream_body(request: Request, upstream_model: str, raw: bytes) -> bytes:
     return orjson.dumps(body)
 
 
-def passed_headers(resp: aiohttp.ClientResponse) -> dict[str, str]:
-    return {h: v for h in PASSED_HEADERS if (v := resp.headers.get(h)) is not None}
-
-
-class EventScanner:
-    """Splits an SSE byte stream into events and picks out the usage event.
-
-    Events are passed through as bytes; only an event carrying a usage object is decoded.
-    One the client did not ask for (``choices: []`` plus usage) is dropped.
-    """
-
-    RAW_KEPT = 32 * 1024
-    """Bytes of delivered events held before they are reduced to their text: an event is
-    ~250 bytes for a token or two of text, so a long stream held as events cost ~100x
-    its reply (a 4,000-token stream ~1 MB for as long as it was open)."""
-
-    def __init__(self, call: Call, strip_usage: bool) -> None:
-        self.call = call
-        self.strip_usage = strip_usage
-        self.delivered: list[bytes] = []
-        """Events passed to the client not yet reduced to text (see ``reply``)."""
-        self._held = 0
-        self._text: list[str] = []
-        self._buf = b""
-
-    def feed(self, data: bytes) -> bytes:
-        self._buf += data
-        if b"\n\n" not in self._buf:
-            return b""
-        *events, self._buf = self._buf.split(b"\n\n")
-        kept = [e for e in events if self._keep(e)]
-        self.delivered.extend(kept)
-        self._held += len(data)
-        if self._held > self.RAW_KEPT:
-            self._text.append(usage.delivered_text(self.delivered))
-            self.delivered.clear()
-            self._held = 0
-        return b"".join(e + b"\n\n" for e in kept)
-
-    def reply(self) -> str:
-        """The text delivered so far: to count tokens if usage never arrives, and to learn
-        the next turn's prefix."""
-        return "".join(self._text) + usage.delivered_text(self.delivered)
-
-    def tail(self) -> bytes:
-        """Whatever followed the last complete event (normally nothing)."""
-        rest, self._buf = self._buf, b""
-        return rest
-
-    def _keep(self, event: bytes) -> bool:
-        if b'"usage":' not in event and b'"usage" :' not in event:
-            return True
-        try:
-            data = orjson.loads(event.partition(b"data:")[2])
-        except orjson.JSONDecodeError:
-            return True
-        found = usage.from_usage(data.get("usage")) if isinstance(data, dict) else None
-        if found is None:
-            return True
-        self.call.usage = found
-        return not (self.strip_usage and not data.get("choices"))
-
-
-class StreamRelay(Response):
-    """An SSE response that relays upstream bytes and aborts upstream on client disconnect.
-
-    Starlette's StreamingResponse notices a disconnect only when a write fails, which may
-    be long after the client left (during a slow prefill, or never if writes are silently
-    dropped). Here a watcher waits for ``http.disconnect`` and closes the upstream response
-    at once, so vLLM aborts the sequence and frees its KV blocks. A client that hangs up
-    once it has the ``[DONE]`` event had the whole answer: that is no disconnect.
-    """
-
-    media_type = "text/event-stream"
-
-    def __init__(
-        self,
-        call: Call,
-        upstream: aiohttp.ClientResponse,
-        scanner: EventScanner,
-        finish: Callable[[Call, EventScanner], object],
-        headers: dict[str, str],
-    ) -> None:
-        self.call = call
-        self.upstream = upstream
-        self.scanner = scanner
-        self.finish = finish
-        self.status_code = 200
-        self.background = None
-        self.answered = False
-        """The client has been sent the final [DONE] event."""
-        self.init_headers(headers)
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        watcher = asyncio.create_task(self._watch(receive))
-        complete = False
-        try:
-            await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
-            async for chunk in self._relay():
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
-            complete = not self.call.disconnected
-        except OSError:
-            self.call.disconnected = not self.answered
-            complete = self.answered
-        finally:
-            watcher.cancel()
-            # A finished answer leaves a reusable connection; anything else must be cut so
-            # the backend sees the client leave.
-            if complete:
-                self.upstream.release()
-            else:
-                self.upstream.close()
-            self.call.done_at = time.perf_counter()
-            self.finish(self.call, self.scanner)
-
-    async def _watch(self, receive: Receive) -> None:
-        while (await receive())["type"] != "http.disconnect":
-            pass
-        if not self.answered:
-            self.call.disconnected = True
-            self.upstream.close()
-
-    async def _relay(self) -> AsyncIterator[bytes]:
-        call, scanner = self.call, self.scanner
-        try:
-            async for data in self.upstream.content.iter_any():
-                if call.first_byte_at is None:
-                    call.first_byte_at = time.perf_counter()
-                out = scanner.feed(data)
-                if out:
-                    self.answered = out.endswith(b"data: [DONE]\n\n")
-                    yield out
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            if not call.disconnected:
-                # Headers are sent: all that is left is to end the stream visibly.
-                call.status, call.error_type = 502, exc.__class__.__name__
-                yield _error_event(f"backend stream broke off: {exc.__class__.__name__}")
-            return
-        tail = scanner.tail()
-        if tail.strip():
-            yield tail
-
-
-def _error_event(message: str) -> bytes:
-    err = {"error": {"message": message, "type": "bad_gateway", "param": None, "code": 502}}
-    return b"data: " + orjson.dumps(err) + b"\n\n"
+def passed_headers(answer: Answer) -> dict[str, str]:
+    return {h: v for h in PASSED_HEADERS if (v := answer.headers.get(h)) is not None}

@@ -23,18 +23,14 @@ class FakeUpstream:
         self.closed = False
         self.released = False
 
-    @property
-    def content(self) -> FakeUpstream:
-        return self
-
-    async def iter_any(self) -> AsyncIterator[bytes]:
+    async def chunks(self) -> AsyncIterator[bytes]:
         while (item := await self.queue.get()) is not None:
             if isinstance(item, BaseException):
                 raise item
             yield item
 
     async def read(self) -> bytes:
-        return b"".join([c async for c in self.iter_any()])
+        return b"".join([c async for c in self.chunks()])
 
     def release(self) -> None:
         self.released = True

@@ -2,11 +2,10 @@ import asyncio
 import json
 from pathlib import Path
 
-import aiohttp
 import orjson
 import pytest
 
-from gateway.batching.answers import Answer
+from gateway.answers import Answer
 from gateway.batching.hold import (
     FirstToken,
     PrefixHold,
@@ -14,6 +13,7 @@ from gateway.batching.hold import (
     carries_token,
     shared_blocks,
 )
+from gateway.errors import BadGateway
 from gateway.flow import Call, PrefixKey, Request
 from gateway.settings import BatchingSettings
 from tests.unit.batching.fakes import FakeSend, FakeUpstream, chat_call
@@ -93,8 +93,8 @@ async def test_a_failed_leader_releases_followers_to_normal_routing() -> None:
     _, answer = await hold.submit(chat_call([1, 2]), b"lead", send)
     follower = chat_call([1, 2])
     waiting = asyncio.create_task(hold.submit(follower, b"follow", send))
-    leader_answer.queue.put_nowait(aiohttp.ClientPayloadError("broke"))
-    with pytest.raises(aiohttp.ClientPayloadError):
+    leader_answer.queue.put_nowait(BadGateway("broke"))
+    with pytest.raises(BadGateway):
         await collect(answer)
     await waiting
     assert send.sent[-1][2] is None
@@ -122,7 +122,7 @@ async def test_a_warm_prefix_holds_nobody() -> None:
 
 
 async def collect(answer: Answer) -> bytes:
-    return b"".join([c async for c in answer.content.iter_any()])
+    return b"".join([c async for c in answer.chunks()])
 
 
 async def test_a_leader_past_its_deadline_is_replaced() -> None:

@@ -1,0 +1,62 @@
+import orjson
+
+from gateway.flow import Usage
+from gateway.stages.sse import EventScanner
+
+CHUNK = b'data: {"id":"c","choices":[{"index":0,"delta":{"content":"a"}}]}'
+USAGE = (
+    b'data: {"id":"c","choices":[],"usage":{"prompt_tokens":40,"completion_tokens":2,'
+    b'"prompt_tokens_details":{"cached_tokens":32}}}'
+)
+DONE = b"data: [DONE]"
+STREAM = b"\n\n".join([CHUNK, CHUNK, USAGE, DONE]) + b"\n\n"
+
+
+def scan(strip: bool, pieces: list[bytes]) -> tuple[bytes, EventScanner]:
+    scanner = EventScanner(strip_usage=strip)
+    out = b"".join(scanner.feed(p) for p in pieces) + scanner.tail()
+    return out, scanner
+
+
+def test_usage_event_removed_for_a_client_that_did_not_ask() -> None:
+    out, found = scan(True, [STREAM])
+    assert out == b"\n\n".join([CHUNK, CHUNK, DONE]) + b"\n\n"
+    assert found.usage == Usage(prompt_tokens=40, cached_tokens=32, completion_tokens=2)
+
+
+def test_usage_event_kept_byte_for_byte_for_a_client_that_asked() -> None:
+    out, found = scan(False, [STREAM])
+    assert out == STREAM
+    assert found.usage is not None
+
+
+def test_events_split_across_network_reads() -> None:
+    pieces = [STREAM[i : i + 7] for i in range(0, len(STREAM), 7)]
+    out, found = scan(True, pieces)
+    assert out == b"\n\n".join([CHUNK, CHUNK, DONE]) + b"\n\n"
+    assert found.usage is not None
+    assert found.usage.cached_tokens == 32
+
+
+def test_continuous_usage_chunks_are_never_dropped() -> None:
+    chunk = b'data: {"choices":[{"delta":{"content":"a"}}],"usage":{"prompt_tokens":4}}\n\n'
+    out, found = scan(True, [chunk])
+    assert out == chunk
+    assert found.usage == Usage(prompt_tokens=4)
+
+
+def test_a_long_stream_holds_its_reply_as_text_not_as_events() -> None:
+    scanner = EventScanner(strip_usage=True)
+    words = [f"w{i} " for i in range(5000)]
+    for w in words:
+        event = orjson.dumps({"id": "c", "choices": [{"index": 0, "delta": {"content": w}}]})
+        scanner.feed(b"data: " + event + b"\n\n")
+        assert sum(map(len, scanner.delivered)) <= EventScanner.RAW_KEPT
+    assert scanner.reply() == "".join(words)
+
+
+def test_a_stream_without_usage_finds_none_and_keeps_its_text() -> None:
+    out, found = scan(True, [CHUNK + b"\n\n" + DONE + b"\n\n"])
+    assert out == CHUNK + b"\n\n" + DONE + b"\n\n"
+    assert found.usage is None
+    assert found.reply() == "a"
