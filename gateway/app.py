@@ -15,7 +15,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gateway import pipeline
+from gateway import access, pipeline
 from gateway.api import admin, openai, ops
 from gateway.api.openai import ProxyEndpoints, error_response
 from gateway.errors import GatewayError, InternalError, InvalidRequest, NotFound
@@ -97,7 +97,7 @@ async def _unexpected_error(request: Request, exc: Exception) -> Response:
     call.status, call.error_type = failure.status, failure.type
     services: Services | None = getattr(request.app.state, "services", None)
     if services is not None and services.settings.metrics_enabled:
-        pipeline.record_metrics(call, services, None)
-    pipeline.log_access(call, None)
+        services.metrics.observe(call, None, services.backends.models)
+    access.write(call, None)
     failure.headers.update(pipeline.id_headers(call))
     return error_response(failure)

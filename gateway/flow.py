@@ -1,7 +1,7 @@
 """The typed record a call fills in, stage by stage.
 
 Each stage reads what earlier stages set and fills its own fields; nobody keeps a
-free-form dict. The field comments name the stage that sets each one.
+free-form dict. The field comments name what sets each one.
 """
 
 from __future__ import annotations
@@ -15,6 +15,12 @@ if TYPE_CHECKING:
     from gateway.limits.base import Plan
 
 Endpoint = Literal["chat", "completions", "embeddings", "responses"]
+ENDPOINTS: dict[str, Endpoint] = {
+    "/v1/chat/completions": "chat",
+    "/v1/completions": "completions",
+    "/v1/embeddings": "embeddings",
+}
+"""The proxied endpoints by path."""
 Decision = Literal["hit", "miss", "overflow", "affinity", "fallback", "none"]
 Period = Literal["day", "month"]
 
@@ -83,7 +89,8 @@ class PrefixKey:
 
 @dataclass(slots=True)
 class Route:
-    """Where the call goes and why: set by stages.routing."""
+    """Where the call goes and why: chosen by the policy (stages.routing), set by
+    stages.dispatch (or copied from the call whose upstream request it shares)."""
 
     backend: str
     """Backend name."""
@@ -103,7 +110,8 @@ class Route:
 
 @dataclass(slots=True)
 class Usage:
-    """Token counts as the backend reported them: set by stages.usage."""
+    """Token counts as the backend reported them (stages.usage, stages.sse), or as the
+    gateway counted them when none came (pipeline.finish)."""
 
     prompt_tokens: int = 0
     cached_tokens: int = 0
@@ -116,7 +124,8 @@ class Usage:
 @dataclass(slots=True)
 class Cost:
     """Money for the call, exact, in integer units of 1e-10 USD (the ledger's and the
-    budgets' unit; ledger.models.to_usd gives USD): set by stages.metering."""
+    budgets' unit; ledger.models.to_usd gives USD): computed by stages.metering at the
+    call's price version (Ledger.price), set by pipeline.finish."""
 
     input: int = 0
     cached_input: int = 0
@@ -157,18 +166,18 @@ class Call:
     quota: Quota | None = None  # stages.limits
     reserved_tokens: int = 0  # stages.limits
     """Prompt estimate plus max_tokens; the difference to the actual usage is settled later."""
-    route: Route | None = None  # stages.routing
-    dispatched_at: float | None = None  # stages.forward
-    first_byte_at: float | None = None  # stages.forward
-    done_at: float | None = None  # pipeline
-    status: int = 200
-    error_type: str | None = None
-    disconnected: bool = False
+    route: Route | None = None  # stages.dispatch (batching, for a call sharing another's)
+    dispatched_at: float | None = None  # stages.dispatch (batching, as for route)
+    first_byte_at: float | None = None  # stages.forward (a stream's), stages.relay
+    done_at: float | None = None  # stages.relay (a stream's), pipeline
+    status: int = 200  # pipeline.failed, stages.relay (a stream that broke off), app
+    error_type: str | None = None  # as status
+    disconnected: bool = False  # stages.forward (ClientWatch), stages.relay
     """The client went away before the answer was complete."""
-    served_by: Literal["upstream", "coalesced", "batched", "held"] = "upstream"
-    usage: Usage | None = None  # stages.usage
-    cost: Cost | None = None  # stages.metering
-    reply: str = ""
+    served_by: Literal["upstream", "coalesced", "batched", "held"] = "upstream"  # batching
+    usage: Usage | None = None  # pipeline: from stages.usage or stages.sse, or estimated
+    cost: Cost | None = None  # pipeline.finish (the price step)
+    reply: str = ""  # pipeline: from stages.usage or stages.sse
     """The answer's text (first choice): the next turn's prefix, for the index."""
 
     @property

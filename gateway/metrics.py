@@ -9,7 +9,7 @@ panels line up in Grafana.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -17,6 +17,8 @@ from typing import TypeVar
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
+
+from gateway.flow import ENDPOINTS, Call
 
 M = TypeVar("M", bound=MetricWrapperBase)
 
@@ -255,6 +257,40 @@ class GatewayMetrics:
     def count_in_flight(self, backend: str, delta: int) -> None:
         if self.multiprocess:
             self.child(self.in_flight, backend).inc(delta)
+
+    def observe(self, call: Call, spent: float | None, models: Collection[str]) -> None:
+        """Count a finished call and observe its timings and tokens, under labels a client
+        cannot invent: a model not in ``models`` is counted as ""."""
+        req = call.request
+        model = req.model if req and req.model in models else ""
+        endpoint = req.endpoint if req else ENDPOINTS.get(call.path, "")
+        self.child(self.requests, model, endpoint, str(call.status), call.error_type or "").inc()
+        if req is None or call.route is None:
+            return
+        route, u = call.route, call.usage
+        s = self.series(model, route.backend, endpoint, "true" if req.stream else "false")
+        if route.decision != "none":
+            self.child(self.routing, model, route.decision).inc()
+        if call.served_by != "upstream":
+            self.child(self.batched, model, endpoint, call.served_by).inc()
+        if call.disconnected:
+            self.child(self.disconnects, model, endpoint).inc()
+        if spent is not None:
+            s.overhead.observe(spent)
+        if call.latency is not None:
+            s.e2e.observe(call.latency)
+        if req.stream and call.ttft is not None:
+            s.ttft.observe(call.ttft)
+        if u is None:
+            return
+        if req.stream and call.first_byte_at and call.done_at and u.completion_tokens > 1:
+            s.tpot.observe((call.done_at - call.first_byte_at) / (u.completion_tokens - 1))
+        s.prompt.inc(u.prompt_tokens)
+        s.cached.inc(u.cached_tokens)
+        s.completion.inc(u.completion_tokens)
+        if not u.estimated:
+            s.predicted_cached.inc(route.predicted_cached_tokens)
+            s.reported_cached.inc(u.cached_tokens)
 
 
 def render(registry: CollectorRegistry, multiproc_dir: Path | None) -> bytes:

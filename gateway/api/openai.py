@@ -21,18 +21,12 @@ from starlette.types import Receive, Scope, Send
 
 from gateway import pipeline
 from gateway.errors import GatewayError, InternalError, PayloadTooLarge
-from gateway.flow import Call, Endpoint
+from gateway.flow import ENDPOINTS, Call, Endpoint
 from gateway.services import Services
 from gateway.stages import auth
 
 log = logging.getLogger(__name__)
 router = APIRouter()
-
-ENDPOINTS: dict[str, Endpoint] = {
-    "/v1/chat/completions": "chat",
-    "/v1/completions": "completions",
-    "/v1/embeddings": "embeddings",
-}
 
 
 async def services(request: Request) -> Services:

@@ -109,7 +109,7 @@ async def writer_throughput(url: str, rows: int, batch_size: int) -> None:
         t0, cpu0 = time.perf_counter(), time.process_time()
         for start in range(0, rows, 1000):
             for call in calls[start : start + 1000]:
-                ledger.record(call)
+                ledger.record(call, ledger.price(call))
             await asyncio.sleep(0)  # let the writer run, as request handling would
         recorded = time.perf_counter() - t0
         await done.wait()

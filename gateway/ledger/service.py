@@ -3,8 +3,8 @@
 Lifecycle: ``start()`` opens the database (migrating SQLite, or whenever
 database.auto_migrate is set; Postgres otherwise must already be at head), writes the
 configured prices that changed, loads every price version into memory, adopts the spool
-of an earlier run and starts the writer. ``record()`` then costs a call from memory and
-queues its row; ``aclose()`` writes or spools what is queued.
+of an earlier run and starts the writer. ``price()`` then costs a call from memory and
+``record()`` queues its row; ``aclose()`` writes or spools what is queued.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from gateway.flow import Call
+from gateway.flow import Call, Cost
 from gateway.keys.secret import end_user_key
 from gateway.ledger import deadletters, store
 from gateway.ledger.db import DB_ERRORS, LedgerUnavailable, make_engine, ping, safe_url
@@ -87,11 +87,14 @@ class Ledger:
             await store.add_price(self.engine, model, now, prices, "config", now)
         await self.reload_prices()
 
-    def record(self, call: Call) -> None:
-        """Price the call (fills call.cost) and queue its ledger row. Never blocks or raises."""
+    def price(self, call: Call) -> Cost:
+        """The call's cost at the price in force when it arrived (a stream that outlives a
+        price change is billed as it began)."""
+        return price_usage(call.usage, self._book.at(call.model, call.received_wall))
+
+    def record(self, call: Call, cost: Cost) -> None:
+        """Queue the call's ledger row, at ``cost``. Never blocks or raises."""
         try:
-            price = self._book.at(call.model, call.received_wall)
-            call.cost = cost = price_usage(call.usage, price)
             team = call.principal.team if call.principal else None
             if call.model in self._models:  # a client's made-up name is no label value
                 self._metrics.add_cost(call.model or "", team or "", cost.total)

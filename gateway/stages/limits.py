@@ -26,7 +26,7 @@ from datetime import UTC, datetime
 from typing import NamedTuple
 
 from gateway.errors import BackendUnavailable, GatewayError, QuotaExceeded, RateLimited
-from gateway.flow import Call, Principal, Quota
+from gateway.flow import Call, Cost, Principal, Quota
 from gateway.keys.store import Spend
 from gateway.ledger.models import to_units
 from gateway.limits import Limiter
@@ -121,14 +121,13 @@ def plan_anew(p: Principal, day: int) -> Planned:
     return planned
 
 
-def settle(call: Call, limiter: Limiter) -> None:
+def settle(call: Call, cost: Cost, limiter: Limiter) -> None:
     """Reconcile reserved tokens with the usage and add the cost to spend. Never raises."""
     if call.quota is None or call.principal is None:
         return
     u = call.usage
     used = u.prompt_tokens + u.completion_tokens if u else 0
-    units = call.cost.total if call.cost else 0  # already 1e-10 USD units
-    limiter.settle(call.quota.plan, used - call.reserved_tokens, units)
+    limiter.settle(call.quota.plan, used - call.reserved_tokens, cost.total)
 
 
 def plan_for(p: Principal, day: int) -> Plan:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
@@ -37,13 +37,11 @@ class StreamRelay(Response):
         call: Call,
         upstream: Answer,
         scanner: EventScanner,
-        finish: Callable[[Call, EventScanner], object],
         headers: dict[str, str],
     ) -> None:
         self.call = call
         self.upstream = upstream
         self.scanner = scanner
-        self.finish = finish
         self.status_code = 200
         self.background = None
         self.answered = False
@@ -71,7 +69,6 @@ class StreamRelay(Response):
             else:
                 self.upstream.close()
             self.call.done_at = time.perf_counter()
-            self.finish(self.call, self.scanner)
 
     async def _watch(self, receive: Receive) -> None:
         while (await receive())["type"] != "http.disconnect":

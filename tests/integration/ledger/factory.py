@@ -1,4 +1,4 @@
-"""Finished calls built by hand, as the gateway core will hand them to Ledger.record."""
+"""Finished calls built by hand, priced and recorded as the pipeline's end does it."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.flow import Call, Principal, Request, Route, Usage
+from gateway.ledger import Ledger
 from gateway.settings import Settings, load_settings
 
 
@@ -49,3 +50,9 @@ def ledger_settings(
         ledger={"spool_dir": str(spool), "flush_interval": 0.01, **ledger},
         models=models,
     )
+
+
+def record(ledger: Ledger, call: Call) -> None:
+    """Price the call and queue its row, the two steps of the pipeline's end."""
+    call.cost = ledger.price(call)
+    ledger.record(call, call.cost)

@@ -20,7 +20,7 @@ from gateway.errors import GatewayError
 from gateway.flow import Usage
 from gateway.ledger import Ledger
 from gateway.settings import Settings
-from tests.integration.ledger.factory import ledger_settings, make_call
+from tests.integration.ledger.factory import ledger_settings, make_call, record
 
 ADMIN = {"Authorization": "Bearer sk-admin-test"}
 PRICES = {"alpha": {"input": "0.15", "cached_input": "0.075", "output": "0.60"}}
@@ -97,12 +97,12 @@ async def test_post_price_then_report(
     admin: tuple[httpx.AsyncClient, Ledger, CollectorRegistry],
 ) -> None:
     client, ledger, registry = admin
-    ledger.record(make_call("alpha", usage=Usage(1000, 0, 1000)))
+    record(ledger, make_call("alpha", usage=Usage(1000, 0, 1000)))
     body = {"model": "alpha", "input": "0.30", "cached_input": "0.03", "output": "1.2"}
     posted = await client.post("/admin/prices", json=body, headers=ADMIN)
     assert posted.status_code == 201
     assert posted.json()["input"] == "0.3000000000"
-    ledger.record(make_call("alpha", team="team-b", usage=Usage(1000, 0, 1000)))
+    record(ledger, make_call("alpha", team="team-b", usage=Usage(1000, 0, 1000)))
     await written(registry, 2)
 
     listed = (await client.get("/admin/prices", params={"model": "alpha"}, headers=ADMIN)).json()

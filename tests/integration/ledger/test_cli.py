@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry
 
 from gateway.flow import Usage
 from gateway.ledger import Ledger
-from tests.integration.ledger.factory import ledger_settings, make_call
+from tests.integration.ledger.factory import ledger_settings, make_call, record
 from tests.servers import ROOT
 
 PRICES = {"alpha": {"input": "0.15", "cached_input": "0.075", "output": "0.60"}}
@@ -33,9 +33,9 @@ async def test_report_command(pg_db_url: str, tmp_path: Path) -> None:
     ledger = Ledger(ledger_settings(pg_db_url, tmp_path / "spool", PRICES), CollectorRegistry())
     await ledger.start()
     first = make_call("alpha", usage=Usage(1000, 400, 100))
-    ledger.record(first)
-    ledger.record(make_call("alpha", team="team-b", usage=Usage(2000, 0, 10)))
-    ledger.record(make_call("alpha", team="team-b", received_wall=946684800.0))  # 2000-01-01
+    record(ledger, first)
+    record(ledger, make_call("alpha", team="team-b", usage=Usage(2000, 0, 10)))
+    record(ledger, make_call("alpha", team="team-b", received_wall=946684800.0))  # 2000-01-01
     await ledger.aclose()
 
     table = list(csv.DictReader(io.StringIO(report(

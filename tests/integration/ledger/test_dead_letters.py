@@ -26,7 +26,7 @@ from gateway.ledger.models import LedgerRow
 from gateway.ledger.rows import Row, ledger_row
 from gateway.ledger.spool import Spool
 from gateway.settings import Settings
-from tests.integration.ledger.factory import ledger_settings, make_call
+from tests.integration.ledger.factory import ledger_settings, make_call, record
 from tests.integration.ledger.postgres import PrivatePostgres
 from tests.integration.ledger.test_outage import migrate
 from tests.servers import ROOT
@@ -78,7 +78,7 @@ async def poison_then_good(ledger: Ledger, url: str) -> tuple[Row, list[Call]]:
     ledger._writer.put(bad)
     calls = good_calls()
     for i, call in enumerate(calls):
-        ledger.record(call)
+        record(ledger, call)
         if i % 50 == 0:
             await asyncio.sleep(0)
     return bad, calls

@@ -29,7 +29,7 @@ from gateway.ledger.models import LedgerRow, Price, to_usd
 from gateway.ledger.report import cost_report, report_query
 from gateway.ledger.rows import ledger_row
 from gateway.ledger.store import insert_rows
-from tests.integration.ledger.factory import ledger_settings, make_call
+from tests.integration.ledger.factory import ledger_settings, make_call, record
 
 PRICES = {
     "alpha": {"input": "0.15", "cached_input": "0.075", "output": "0.60"},
@@ -117,7 +117,7 @@ async def test_mix_gives_exact_rows_and_report(
     await ledger.start()
     calls = the_mix()
     for call in calls:
-        ledger.record(call)
+        record(ledger, call)
     await ledger.aclose()
 
     ids = await price_ids(engine)
@@ -175,15 +175,15 @@ async def test_price_change_never_reprices_the_past(
     ledger = Ledger(ledger_settings(db_url, tmp_path / "spool", PRICES), CollectorRegistry())
     await ledger.start()
     before = make_call("alpha", usage=Usage(1000, 0, 1000))
-    ledger.record(before)
+    record(ledger, before)
     old = ledger.prices_for("alpha")
     await asyncio.sleep(0.01)  # the new version must start strictly after `before` was received
     new = await ledger.set_price("alpha", (Decimal("0.30"), Decimal("0.03"), Decimal(0),
                                            Decimal("1.20")))  # fmt: skip
     after = make_call("alpha", usage=Usage(1000, 0, 1000))
     late = make_call("alpha", usage=Usage(1000, 0, 1000), received_wall=before.received_wall)
-    ledger.record(after)
-    ledger.record(late)  # a stream that began before the change and ended after it
+    record(ledger, after)
+    record(ledger, late)  # a stream that began before the change and ended after it
     await ledger.aclose()
 
     assert old is not None
@@ -210,12 +210,12 @@ async def test_same_request_id_is_counted_once(
     )
     await ledger.start()
     call = make_call("alpha", usage=Usage(10, 0, 10))
-    ledger.record(call)
+    record(ledger, call)
     await ledger.aclose()
     await ledger.start()
-    ledger.record(call)  # e.g. a retried write after a reply that never arrived
+    record(ledger, call)  # e.g. a retried write after a reply that never arrived
     fresh = make_call("alpha", usage=Usage(20, 0, 20))
-    ledger.record(fresh)  # in the same batch as the repeat: written, and counted, once
+    record(ledger, fresh)  # in the same batch as the repeat: written, and counted, once
     await ledger.aclose()
 
     assert [r.request_id for r in await rows(engine)] == [call.id, fresh.id]
@@ -243,7 +243,7 @@ async def test_day_reports_use_the_planner_statistics(pg_db_url: str, tmp_path: 
     await ledger.start()
     days = [1767225600.0 + 86400 * (i % 3) + i for i in range(1000)]  # 2026-01-01 .. 01-03
     for day in days:
-        ledger.record(make_call("alpha", usage=Usage(10, 0, 1), received_wall=day))
+        record(ledger, make_call("alpha", usage=Usage(10, 0, 1), received_wall=day))
     await ledger.aclose()
     query = report_query("postgresql", None, None, ("day",)).compile(
         dialect=postgresql.dialect(), compile_kwargs={"literal_binds": True}

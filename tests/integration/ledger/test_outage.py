@@ -18,7 +18,7 @@ from gateway.ledger import Ledger
 from gateway.ledger.db import make_engine
 from gateway.ledger.migrate import upgrade
 from gateway.ledger.models import to_units
-from tests.integration.ledger.factory import ledger_settings, make_call
+from tests.integration.ledger.factory import ledger_settings, make_call, record
 from tests.integration.ledger.postgres import PrivatePostgres
 
 PRICES = {"alpha": {"input": "0.15", "cached_input": "0.075", "output": "0.60"}}
@@ -50,7 +50,7 @@ async def record_for(ledger: Ledger, seconds: float, out: list[Call]) -> None:
     while time.monotonic() < end:
         for _ in range(5):
             call = make_call("alpha", usage=Usage(1000, 400, 100))
-            ledger.record(call)
+            record(ledger, call)
             out.append(call)
         await asyncio.sleep(0.005)
 

@@ -13,8 +13,8 @@ from prometheus_client import CollectorRegistry
 from gateway.backends import BackendPool
 from gateway.flow import Call, PrefixKey, Request
 from gateway.metrics import GatewayMetrics
-from gateway.pipeline import dispatch
 from gateway.settings import RoutingSettings, load_settings
+from gateway.stages.dispatch import dispatch
 from gateway.stages.routing import CacheAware, rendezvous
 
 

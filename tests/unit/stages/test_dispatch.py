@@ -18,8 +18,8 @@ from gateway.backends import BackendPool
 from gateway.errors import ClientClosedRequest, GatewayTimeout, UpstreamError
 from gateway.flow import Call, Request
 from gateway.metrics import GatewayMetrics
-from gateway.pipeline import dispatch
 from gateway.settings import load_settings
+from gateway.stages.dispatch import accuracy, dispatch
 from gateway.stages.forward import Upstream
 from tests.unit import loopback
 
@@ -205,3 +205,18 @@ async def test_an_ejection_leaves_the_waits_alone_when_no_other_backend_can_take
         assert pool.backends["b0"].waits
         sent.cancel()
         await asyncio.gather(sent, return_exceptions=True)
+
+
+@pytest.mark.parametrize(
+    ("predicted", "reported", "outcome"),
+    [
+        (0.9, 0.85, "accurate"),
+        (0.0, 0.1, "accurate"),
+        (0.9, 0.5, "over"),
+        (0.0, 0.6, "under"),
+    ],
+)
+def test_prediction_accuracy_compares_shares(
+    predicted: float, reported: float, outcome: str
+) -> None:
+    assert accuracy(predicted, reported) == outcome
