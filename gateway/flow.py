@@ -19,6 +19,7 @@ ENDPOINTS: dict[str, Endpoint] = {
     "/v1/chat/completions": "chat",
     "/v1/completions": "completions",
     "/v1/embeddings": "embeddings",
+    "/v1/responses": "responses",
 }
 """The proxied endpoints by path."""
 Decision = Literal["hit", "miss", "overflow", "affinity", "fallback", "none"]

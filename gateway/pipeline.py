@@ -100,8 +100,10 @@ class Stream(StreamRelay):
     becomes the call's usage and reply, then the call's end (``finish``), in that order."""
 
     def __init__(self, call: Call, answer: Answer, svc: Services, headers: dict[str, str]):
-        assert call.request is not None
-        super().__init__(call, answer, EventScanner(not call.request.include_usage), headers)
+        request = call.request
+        assert request is not None
+        scanner = EventScanner(not request.include_usage, request.endpoint == "responses")
+        super().__init__(call, answer, scanner, headers)
         self.svc = svc
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

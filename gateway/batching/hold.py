@@ -13,13 +13,12 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
-import orjson
-
 from gateway.answers import Answer
 from gateway.backends import Backend
 from gateway.errors import BackendUnavailable
 from gateway.flow import Call, Decision
 from gateway.settings import BatchingSettings
+from gateway.stages.sse import carries_token
 
 Send = Callable[[Call, bytes, str | None], Awaitable[tuple[Backend, Answer]]]
 """Route and send a call; the third argument pins it to one backend by name."""
@@ -194,40 +193,3 @@ class FirstToken:
         self._buf += chunk
         *events, self._buf = self._buf.split(b"\n\n")
         return any(carries_token(e) for e in events)
-
-
-RESPONSE_OUTPUT = frozenset({"response.output_item.added", "response.completed",
-                             "response.incomplete"})  # fmt: skip
-"""Responses API events that show output was generated; so does any ``*.delta`` event.
-``response.created`` and ``.in_progress`` come before prefill."""
-
-
-def carries_token(event: bytes) -> bool:
-    payload = event.partition(b"data:")[2].strip()
-    if payload == b"[DONE]":
-        return True
-    try:
-        data = orjson.loads(payload)
-    except orjson.JSONDecodeError:
-        return False
-    if not isinstance(data, dict):
-        return False
-    if "error" in data:
-        return False
-    kind = data.get("type")
-    if isinstance(kind, str) and kind.startswith("response."):  # a Responses API event
-        return kind in RESPONSE_OUTPUT or kind.endswith(".delta")
-    if data.get("usage"):
-        return True
-    for choice in data.get("choices") or ():
-        if not isinstance(choice, dict):
-            continue
-        delta = choice.get("delta")
-        produced = (
-            any(delta.get(f) for f in ("content", "tool_calls", "reasoning_content", "reasoning"))
-            if isinstance(delta, dict)
-            else bool(choice.get("text"))
-        )
-        if produced or choice.get("finish_reason"):
-            return True
-    return False

@@ -31,15 +31,12 @@ from gateway.errors import (
     GatewayTimeout,
     UpstreamError,
 )
-from gateway.flow import Call, Request
+from gateway.flow import ENDPOINTS, Call, Request
 from gateway.metrics import GatewayMetrics
 from gateway.settings import UpstreamSettings
 
-UPSTREAM_PATH = {
-    "chat": "/v1/chat/completions",
-    "completions": "/v1/completions",
-    "embeddings": "/v1/embeddings",
-}
+UPSTREAM_PATH = {endpoint: path for path, endpoint in ENDPOINTS.items()}
+"""The backend's path for each endpoint: the client's own (vLLM serves the same ones)."""
 PASSED_HEADERS = ("x-backend-instance",)
 """Upstream response headers the client sees (the simulator names its instance)."""
 
@@ -172,7 +169,8 @@ class Upstream:
                 raise UpstreamError(resp.status, raw, resp.content_type or "application/json")
             if stream:
                 begun = await self._begin(resp, backend)
-                call.first_byte_at = time.perf_counter()
+                if call.request.endpoint != "responses":  # see stages/sse.py
+                    call.first_byte_at = time.perf_counter()
                 return begun
             raw = await resp.read()
         except BaseException:

@@ -4,7 +4,8 @@ Starlette's StreamingResponse notices a disconnect only when a write fails, whic
 long after the client left (during a slow prefill, or never if writes are silently
 dropped). Here a watcher waits for ``http.disconnect`` and closes the upstream answer at
 once, so vLLM aborts the sequence and frees its KV blocks. A client that hangs up once it
-has the ``[DONE]`` event had the whole answer: that is no disconnect.
+has the last event (``[DONE]``, a Responses stream's ``response.completed``) had the whole
+answer: that is no disconnect.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ class StreamRelay(Response):
         self.status_code = 200
         self.background = None
         self.answered = False
-        """The client has been sent the final [DONE] event."""
+        """The client has been sent the stream's last event."""
         self.init_headers(headers)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -81,11 +82,11 @@ class StreamRelay(Response):
         call, scanner = self.call, self.scanner
         try:
             async for data in self.upstream.chunks():
-                if call.first_byte_at is None:
-                    call.first_byte_at = time.perf_counter()
                 out = scanner.feed(data)
+                if call.first_byte_at is None and scanner.token_seen:
+                    call.first_byte_at = time.perf_counter()
                 if out:
-                    self.answered = out.endswith(b"data: [DONE]\n\n")
+                    self.answered = scanner.ended
                     yield out
         except GatewayError as exc:
             if not call.disconnected:

@@ -1,8 +1,13 @@
 """Scan a relayed SSE stream: pass its events through and pick out what the end of the call
-needs (the usage event and the reply's text).
+needs (the usage event and the reply's text), and when the first token and the end came.
 
 Pure: it sees bytes and says what it found; the pipeline's end decides what the call
 keeps of it.
+
+A chat or completions stream's first byte comes with its first token (vLLM sends the
+role-only opening chunk with it); a Responses stream opens with ``response.created`` and
+``response.in_progress`` as soon as the request is accepted, before prefill, so its time
+to first token is that of the first event that carries output (``token_seen``).
 """
 
 from __future__ import annotations
@@ -25,8 +30,12 @@ class EventScanner:
     ~250 bytes for a token or two of text, so a long stream held as events cost ~100x
     its reply (a 4,000-token stream ~1 MB for as long as it was open)."""
 
-    def __init__(self, strip_usage: bool) -> None:
+    def __init__(self, strip_usage: bool, watch_tokens: bool = False) -> None:
         self.strip_usage = strip_usage
+        self.token_seen = not watch_tokens
+        """An event carrying output has passed (only looked for when ``watch_tokens``)."""
+        self.ended = False
+        """The stream's last event has passed: ``[DONE]``, or a Responses stream's end."""
         self.usage: Usage | None = None
         """The last usage the stream carried; None while it carried none."""
         self.delivered: list[bytes] = []
@@ -41,7 +50,10 @@ class EventScanner:
         if b"\n\n" not in self._buf:
             return b""
         *events, self._buf = self._buf.split(b"\n\n")
+        if not self.token_seen:
+            self.token_seen = any(map(carries_token, events))
         kept = [e for e in events if self._keep(e)]
+        self.ended = self.ended or ends_stream(kept[-1] if kept else b"")
         self.delivered.extend(kept)
         self._held += len(data)
         if self._held > self.RAW_KEPT:
@@ -67,8 +79,53 @@ class EventScanner:
             data = orjson.loads(event.partition(b"data:")[2])
         except orjson.JSONDecodeError:
             return True
-        found = usage_stage.from_usage(data.get("usage")) if isinstance(data, dict) else None
+        found = usage_stage.event_usage(data)
         if found is None:
             return True
         self.usage = found
         return not (self.strip_usage and not data.get("choices"))
+
+
+RESPONSE_ENDS = (b"event: response.completed", b"event: response.incomplete",
+                 b"event: response.failed")  # fmt: skip
+RESPONSE_OUTPUT = frozenset({"response.output_item.added", "response.completed",
+                             "response.incomplete"})  # fmt: skip
+"""Responses API events that show output was generated; so does any ``*.delta`` event.
+``response.created`` and ``.in_progress`` come before prefill."""
+
+
+def ends_stream(event: bytes) -> bool:
+    """The last event a stream sends: chat's ``[DONE]``, or a Responses stream's end."""
+    return event.endswith(b"data: [DONE]") or event.startswith(RESPONSE_ENDS)
+
+
+def carries_token(event: bytes) -> bool:
+    """The event shows the backend generated output: the prompt is prefilled."""
+    payload = event.partition(b"data:")[2].strip()
+    if payload == b"[DONE]":
+        return True
+    try:
+        data = orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        return False
+    if not isinstance(data, dict):
+        return False
+    if "error" in data:
+        return False
+    kind = data.get("type")
+    if isinstance(kind, str) and kind.startswith("response."):  # a Responses API event
+        return kind in RESPONSE_OUTPUT or kind.endswith(".delta")
+    if data.get("usage"):
+        return True
+    for choice in data.get("choices") or ():
+        if not isinstance(choice, dict):
+            continue
+        delta = choice.get("delta")
+        produced = (
+            any(delta.get(f) for f in ("content", "tool_calls", "reasoning_content", "reasoning"))
+            if isinstance(delta, dict)
+            else bool(choice.get("text"))
+        )
+        if produced or choice.get("finish_reason"):
+            return True
+    return False

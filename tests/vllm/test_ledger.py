@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 import pytest
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(120, func_only=True)]
@@ -87,4 +88,35 @@ def test_ledger_holds_vllm_usage_the_client_did_not_ask_for(
         want["prompt_tokens"],
         6,
         0,
+    )
+
+
+LONG = " ".join(f"line {i}: the quick brown fox jumps over the lazy dog." for i in range(40))
+
+
+def test_the_responses_api_through_the_gateway_is_cached_and_metered_as_vllm_reports(
+    gateway_url: str, gateway_dir: Path
+) -> None:
+    """The official SDK's responses.create, whole then streamed, on a repeated long
+    prompt: vLLM's cached tokens grow, and each ledger row holds vLLM's usage."""
+    with openai.OpenAI(base_url=gateway_url + "/v1", api_key="x", max_retries=0) as client:
+        args = {"model": "tiny", "instructions": LONG, "input": "Go on.", "temperature": 0,
+                "max_output_tokens": 6, "extra_body": {"ignore_eos": True}}  # fmt: skip
+        first = client.responses.with_raw_response.create(**args)
+        stream = client.responses.with_raw_response.create(**args, stream=True)
+        events = list(stream.parse())
+    whole = first.parse()
+    done = events[-1]
+    assert (events[0].type, done.type) == ("response.created", "response.completed")
+    assert whole.usage is not None
+    assert done.response.usage is not None
+    assert done.response.usage.input_tokens_details.cached_tokens > 0
+    for raw, used in ((first, whole.usage), (stream, done.response.usage)):
+        row = ledger_row(gateway_dir / "gateway.db", raw.headers["x-gateway-request-id"])
+        cached = used.input_tokens_details.cached_tokens
+        assert (row["prompt_tokens"], row["cached_tokens"], row["completion_tokens"]) == (
+            used.input_tokens, cached, used.output_tokens)  # fmt: skip
+        assert (row["endpoint"], row["status"], row["estimated"]) == ("responses", 200, 0)
+    assert done.response.output_text == "".join(
+        e.delta for e in events if e.type == "response.output_text.delta"
     )

@@ -6,16 +6,11 @@ import orjson
 import pytest
 
 from gateway.answers import Answer
-from gateway.batching.hold import (
-    FirstToken,
-    PrefixHold,
-    TokenWatch,
-    carries_token,
-    shared_blocks,
-)
+from gateway.batching.hold import FirstToken, PrefixHold, TokenWatch, shared_blocks
 from gateway.errors import BadGateway
 from gateway.flow import Call, PrefixKey, Request
 from gateway.settings import BatchingSettings
+from gateway.stages.sse import carries_token
 from tests.unit.batching.fakes import FakeSend, FakeUpstream, chat_call
 
 FIXTURES = Path(__file__).parents[2] / "vllm" / "fixtures"

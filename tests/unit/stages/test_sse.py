@@ -1,3 +1,6 @@
+import json
+from pathlib import Path
+
 import orjson
 
 from gateway.flow import Usage
@@ -60,3 +63,32 @@ def test_a_stream_without_usage_finds_none_and_keeps_its_text() -> None:
     assert out == CHUNK + b"\n\n" + DONE + b"\n\n"
     assert found.usage is None
     assert found.reply() == "a"
+
+
+FIXTURES = Path(__file__).parents[2] / "vllm" / "fixtures"
+
+
+def test_a_responses_streams_first_token_and_end_are_its_output_and_its_completion() -> None:
+    """As vLLM streams it (recorded): created and in_progress come before prefill."""
+    raw = json.loads((FIXTURES / "responses_stream.json").read_text())["raw"].encode()
+    events = [e + b"\n\n" for e in raw.split(b"\n\n")[:-1]]
+    scanner = EventScanner(strip_usage=False, watch_tokens=True)
+    seen = []
+    for event in events:
+        assert scanner.feed(event) == event  # relayed untouched, usage included
+        seen.append((scanner.token_seen, scanner.ended))
+    assert seen[:2] == [(False, False)] * 2
+    assert seen[2] == (True, False)  # response.output_item.added, with the first token
+    assert seen[-2:] == [(True, False), (True, True)]  # ...then response.completed
+    assert scanner.usage is not None
+    assert scanner.usage.completion_tokens == 12
+    assert scanner.reply().startswith(" changes")
+
+
+def test_a_chat_streams_first_byte_is_its_first_token_and_done_its_end() -> None:
+    scanner = EventScanner(strip_usage=False)
+    assert scanner.token_seen  # not watched: vLLM sends the opening with the first token
+    scanner.feed(b'data: {"choices": [{"delta": {"content": "hi"}}]}\n\n')
+    assert not scanner.ended
+    scanner.feed(b"data: [DONE]\n\n")
+    assert scanner.ended
