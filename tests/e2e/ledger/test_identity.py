@@ -13,32 +13,19 @@ import openai
 import pytest
 
 from gateway.keys.secret import end_user_key, hash_end_user
-from tests.e2e.conftest import MODEL, write_config
+from tests.e2e.conftest import MODEL
+from tests.e2e.ledger.conftest import ADMIN, ledger_gateway
 from tests.e2e.ledger.wait import rows_when
-from tests.integration.ledger.postgres import scratch_database
-from tests.servers import ROOT, gateway_process
+from tests.servers import ROOT
 
 MESSAGES = [{"role": "user", "content": "hello"}]
-ADMIN = "test-admin-key"
-
-
-@pytest.fixture(scope="module")
-def ledger_db(pg_server_url: str) -> Iterator[str]:
-    with scratch_database(pg_server_url) as url:
-        yield url
 
 
 @pytest.fixture(scope="module")
 def gateway(
     sims: list[str], ledger_db: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[str]:
-    cfg = write_config(
-        tmp_path_factory.mktemp("gw") / "g.yaml",
-        sims[:1],
-        database={"url": ledger_db, "auto_migrate": True},
-        auth={"enabled": False, "admin_key": ADMIN},
-    )
-    with gateway_process("serve", "--config", str(cfg)) as url:
+    with ledger_gateway(sims[0], ledger_db, tmp_path_factory.mktemp("gw")) as url:
         yield url
 
 

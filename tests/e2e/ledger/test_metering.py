@@ -11,14 +11,13 @@ import openai
 import pytest
 
 from gateway.ledger.models import to_usd
-from tests.e2e.conftest import MODEL, write_config
+from tests.e2e.conftest import MODEL
+from tests.e2e.ledger.conftest import ADMIN, ledger_gateway
 from tests.e2e.ledger.wait import rows_when
-from tests.servers import gateway_process
 
 PRICE = {"input": Decimal("3.00"), "cached_input": Decimal("0.30"), "output": Decimal("15.00")}
 MILLION = Decimal(1_000_000)
 LONG = " ".join(f"term{i}" for i in range(400))
-ADMIN = "test-admin-key"
 
 
 def expected_cost(prompt: int, cached: int, completion: int) -> Decimal:
@@ -37,14 +36,8 @@ def ledger_rows(pg_url: str, n: int) -> dict[str, asyncpg.Record]:
 def gateway(
     sims: list[str], pg_url: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[str]:
-    cfg = write_config(
-        tmp_path_factory.mktemp("gw") / "g.yaml",
-        sims[:1],
-        price={k: str(v) for k, v in PRICE.items()},
-        database={"url": pg_url, "auto_migrate": True},
-        auth={"enabled": False, "admin_key": ADMIN},
-    )
-    with gateway_process("serve", "--config", str(cfg)) as url:
+    price = {k: str(v) for k, v in PRICE.items()}
+    with ledger_gateway(sims[0], pg_url, tmp_path_factory.mktemp("gw"), price=price) as url:
         yield url
 
 

@@ -10,31 +10,19 @@ import openai
 import pytest
 
 from gateway.ledger.models import to_usd
-from tests.e2e.conftest import MODEL, write_config
-from tests.e2e.ledger.test_metering import ADMIN, LONG, PRICE, expected_cost
+from tests.e2e.conftest import MODEL
+from tests.e2e.ledger.conftest import ledger_gateway
+from tests.e2e.ledger.test_metering import LONG, PRICE, expected_cost
 from tests.e2e.ledger.wait import rows_when
-from tests.integration.ledger.postgres import scratch_database
-from tests.servers import gateway_process
-
-
-@pytest.fixture(scope="module")
-def ledger_db(pg_server_url: str) -> Iterator[str]:
-    with scratch_database(pg_server_url) as url:
-        yield url
 
 
 @pytest.fixture(scope="module")
 def gateway(
     sims: list[str], ledger_db: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[str]:
-    cfg = write_config(
-        tmp_path_factory.mktemp("gw") / "g.yaml",
-        sims[:1],
-        price={k: str(v) for k, v in PRICE.items()},
-        database={"url": ledger_db, "auto_migrate": True},
-        auth={"enabled": False, "admin_key": ADMIN},
-    )
-    with gateway_process("serve", "--config", str(cfg)) as url:
+    workdir = tmp_path_factory.mktemp("gw")
+    price = {k: str(v) for k, v in PRICE.items()}
+    with ledger_gateway(sims[0], ledger_db, workdir, price=price) as url:
         yield url
 
 
