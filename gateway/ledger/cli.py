@@ -1,6 +1,7 @@
-"""`gateway report`: cost reports straight from the ledger database, as CSV or JSON.
+"""`gateway report`: cost reports straight from the ledger database, as a table, CSV or JSON.
 
 gateway report --from 2026-11-01 --to 2026-12-01 --group-by team --format csv
+gateway report --group-by backend   # on a terminal: a table, best backend first
 """
 
 from __future__ import annotations
@@ -25,7 +26,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=("team",),
         help="key, team, model, day or backend, or several: team,day (default: team)",
     )
-    parser.add_argument("--format", choices=("csv", "json"), default="csv")
+    parser.add_argument(
+        "--format",
+        choices=("table", "csv", "json"),
+        help="default: table on a terminal, else csv",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -38,7 +43,10 @@ def run(args: argparse.Namespace) -> int:
         settings.database.timeout,
         lambda engine: cost_report(engine, args.start, args.end, args.group_by),
     )
-    if args.format == "csv":
+    form = args.format or ("table" if sys.stdout.isatty() else "csv")
+    if form == "table":
+        sys.stdout.write(report.to_table())
+    elif form == "csv":
         sys.stdout.write(report.to_csv())
     else:
         sys.stdout.write(orjson.dumps(report.to_json(), option=orjson.OPT_INDENT_2).decode() + "\n")

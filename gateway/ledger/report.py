@@ -6,9 +6,14 @@ GROUP BY over the ledger, in the integer 1e-10 USD units the rows hold, and beco
 a report always adds up to the last digit.
 
 ``requests`` counts the calls served (answered below 400, or left by their client midway);
-``errors`` the calls answered with an error status, refused by the gateway (a bad key, a
-limit, bad input) or failed by a backend: their rows are in the ledger, but they are not
-requests a bill counts.
+``refused`` the calls answered 4xx (a bad key, a limit, bad input, or a backend that
+refused the request) and ``failed`` those answered 5xx (no backend, a backend's failure, a
+timeout): their rows are in the ledger, but they are not requests a bill counts.
+
+Beside the money every line carries its scorecard (:mod:`gateway.ledger.scorecard`):
+cache and savings shares, effective prices per million tokens, latency percentiles. A
+report by backend or by model alone lists the cheapest effective prompt price first (then
+the fastest TTFT), since those lines are compared with each other.
 """
 
 from __future__ import annotations
@@ -20,10 +25,19 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any, Literal, cast, get_args
 
-from sqlalchemy import ColumnElement, Select, case, func, literal_column, or_, select
+from sqlalchemy import ColumnElement, Select, case, func, literal_column, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.ledger.models import LedgerRow, to_usd
+from gateway.ledger.scorecard import (
+    PERCENTILES,
+    Latency,
+    latencies,
+    per_million,
+    percentile_query,
+    served,
+    share,
+)
 
 GroupBy = Literal["key", "team", "model", "day", "backend"]
 GROUP_BYS: tuple[str, ...] = get_args(GroupBy)
@@ -32,14 +46,19 @@ TOKENS = ("prompt_tokens", "input_tokens", "cached_tokens", "cache_write_tokens"
           "completion_tokens")  # fmt: skip
 COSTS = ("cost_input", "cost_cached_input", "cost_cache_write", "cost_output", "cost_total",
          "cost_without_cache")  # fmt: skip
-FIGURES = ("requests", "errors", *TOKENS, *COSTS, "savings")
+COUNTS = ("requests", "refused", "failed", *TOKENS)
+SCORES = ("cached_share", "savings_share", "usd_per_m_prompt", "usd_per_m_output")
+FIGURES = (*COUNTS[:3], *TOKENS, *COSTS, "savings", *SCORES, *(p for p, _, _ in PERCENTILES))
+COMPARED: tuple[tuple[GroupBy, ...], ...] = (("backend",), ("model",))
+"""Groupings whose lines are alternatives to one another: ordered best first."""
 
 
 @dataclass(slots=True)
 class ReportLine:
     groups: tuple[str | None, ...] = ()
     requests: int = 0
-    errors: int = 0
+    refused: int = 0
+    failed: int = 0
     prompt_tokens: int = 0
     input_tokens: int = 0
     cached_tokens: int = 0
@@ -51,20 +70,49 @@ class ReportLine:
     cost_output: Decimal = Decimal(0)
     cost_total: Decimal = Decimal(0)
     cost_without_cache: Decimal = Decimal(0)
+    latency: Latency = field(default_factory=Latency)
 
     @property
     def savings(self) -> Decimal:
         """What caching saved: the cost without cached tokens minus what was billed."""
         return self.cost_without_cache - self.cost_total
 
+    @property
+    def cached_share(self) -> Decimal | None:
+        """Cached tokens as a share of prompt tokens."""
+        return share(self.cached_tokens, self.prompt_tokens)
+
+    @property
+    def savings_share(self) -> Decimal | None:
+        """What caching saved as a share of what the calls would have cost uncached."""
+        return share(self.savings, self.cost_without_cache)
+
+    @property
+    def usd_per_m_prompt(self) -> Decimal | None:
+        """Billed for prompt tokens (standard, cached, cache write) per million of them."""
+        billed = self.cost_input + self.cost_cached_input + self.cost_cache_write
+        return per_million(billed, self.prompt_tokens)
+
+    @property
+    def usd_per_m_output(self) -> Decimal | None:
+        return per_million(self.cost_output, self.completion_tokens)
+
     def add(self, other: ReportLine) -> None:
-        for name in FIGURES[:-1]:
+        for name in (*COUNTS, *COSTS):
             setattr(self, name, getattr(self, name) + getattr(other, name))
 
     def figures(self) -> dict[str, Any]:
-        """Counts as ints, money as fixed-point strings (no JSON parser turns them to floats)."""
-        out = {name: getattr(self, name) for name in FIGURES}
+        """Counts as ints, money and shares as fixed-point strings (no JSON parser turns
+        them to floats), None where a figure has nothing to divide or rank."""
+        own = {name: getattr(self, name) for name in FIGURES[: -len(PERCENTILES)]}
+        out = own | {name: getattr(self.latency, name) for name, _, _ in PERCENTILES}
         return {k: format(v, "f") if isinstance(v, Decimal) else v for k, v in out.items()}
+
+    def rank_key(self) -> tuple[Decimal, int]:
+        """Cheapest effective prompt price first, then fastest TTFT; lines without one last."""
+        price, ttft = self.usd_per_m_prompt, self.latency.ttft_p50_ms
+        return (Decimal("Infinity") if price is None else price,
+                2**62 if ttft is None else ttft)  # fmt: skip
 
 
 @dataclass(slots=True)
@@ -94,10 +142,63 @@ class Report:
         writer = csv.writer(buf, lineterminator="\n")
         writer.writerow([*self.group_by, *FIGURES])
         for line in self.lines:
-            writer.writerow([*line.groups, *line.figures().values()])
+            writer.writerow([*line.groups, *_cells(line)])
         blanks = [""] * (len(self.group_by) - 1)
-        writer.writerow(["TOTAL", *blanks, *self.totals.figures().values()])
+        writer.writerow(["TOTAL", *blanks, *_cells(self.totals)])
         return buf.getvalue()
+
+    def to_table(self) -> str:
+        """A terminal's view: the scorecard beside what was billed and saved (CSV and JSON
+        carry every figure). In a comparison (by backend or model) a * marks the cheapest
+        effective prompt price and the fastest TTFT p50."""
+        names = [*self.group_by, *TABLE]
+        rows = [[*(g or "(none)" for g in line.groups), *_row(line)] for line in self.lines]
+        if self.group_by in COMPARED and self.lines:
+            _mark_best(rows, len(self.group_by), self.lines)
+        rows.append(["TOTAL", *[""] * (len(self.group_by) - 1), *_row(self.totals)])
+        widths = [max(len(c) for c in col) for col in zip(names, *rows, strict=True)]
+        out = [_aligned(names, widths)] + [_aligned(r, widths) for r in rows]
+        return "\n".join(out) + "\n"
+
+
+TABLE = ("served", "refused", "failed", "billed_usd", "saved_usd", "cached", "saved",
+         "usd_per_m_prompt", "usd_per_m_output", "ttft_p50_ms", "ttft_p95_ms",
+         "e2e_p50_ms")  # fmt: skip
+
+
+def _row(line: ReportLine) -> list[str]:
+    lat = line.latency
+    cells = (line.requests, line.refused, line.failed, line.cost_total, line.savings,
+             _percent(line.cached_share), _percent(line.savings_share), line.usd_per_m_prompt,
+             line.usd_per_m_output, lat.ttft_p50_ms, lat.ttft_p95_ms, lat.e2e_p50_ms)  # fmt: skip
+    return ["-" if c is None else format(c, "f") if isinstance(c, Decimal) else str(c)
+            for c in cells]  # fmt: skip
+
+
+def _percent(value: Decimal | None) -> str | None:
+    return None if value is None else f"{value * 100:.2f}%"
+
+
+def _mark_best(rows: list[list[str]], n: int, lines: list[ReportLine]) -> None:
+    """Star the cheapest effective prompt price and the fastest TTFT p50 (ties: all)."""
+    figures = {
+        n + TABLE.index("usd_per_m_prompt"): [line.usd_per_m_prompt for line in lines],
+        n + TABLE.index("ttft_p50_ms"): [line.latency.ttft_p50_ms for line in lines],
+    }
+    for col, values in figures.items():
+        known = [v for v in values if v is not None]
+        for row, v in zip(rows, values, strict=True):
+            if known and v == min(known):
+                row[col] += " *"
+
+
+def _aligned(cells: list[str], widths: list[int]) -> str:
+    return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in
+                     enumerate(zip(cells, widths, strict=True))).rstrip()  # fmt: skip
+
+
+def _cells(line: ReportLine) -> list[Any]:
+    return ["" if v is None else v for v in line.figures().values()]
 
 
 def parse_group_by(text: str) -> tuple[GroupBy, ...]:
@@ -130,31 +231,42 @@ def _group_column(group_by: GroupBy, dialect: str) -> ColumnElement[Any]:
     }[group_by]
 
 
+def _period(start: datetime | None, end: datetime | None) -> list[ColumnElement[bool]]:
+    return [
+        *([] if start is None else [LedgerRow.ts >= start]),
+        *([] if end is None else [LedgerRow.ts < end]),
+    ]
+
+
 def report_query(
     dialect: str, start: datetime | None, end: datetime | None, group_by: tuple[GroupBy, ...]
 ) -> Select[Any]:
     groups = [_group_column(g, dialect).label(f"g_{g}") for g in group_by]
     sums = [func.sum(getattr(LedgerRow, name)).label(name) for name in (*TOKENS, *COSTS)]
-    served = or_(LedgerRow.status < 400, LedgerRow.disconnected)
+    ok = served()
     counts = (
-        func.count(case((served, 1))).label("requests"),
-        func.count(case((~served, 1))).label("errors"),
+        func.count(case((ok, 1))).label("requests"),
+        func.count(case((~ok & (LedgerRow.status < 500), 1))).label("refused"),
+        func.count(case((~ok & (LedgerRow.status >= 500), 1))).label("failed"),
     )
-    stmt = select(*groups, *counts, *sums)
-    stmt = stmt.group_by(*groups).order_by(*groups)
-    if start is not None:
-        stmt = stmt.where(LedgerRow.ts >= start)
-    if end is not None:
-        stmt = stmt.where(LedgerRow.ts < end)
-    return stmt
+    stmt = select(*groups, *counts, *sums).where(*_period(start, end))
+    return stmt.group_by(*groups).order_by(*groups)
+
+
+def scorecard_query(
+    dialect: str, start: datetime | None, end: datetime | None, group_by: tuple[GroupBy, ...]
+) -> Select[Any]:
+    """The latency percentiles of the report's groups and of its totals line."""
+    groups = [_group_column(g, dialect) for g in group_by]
+    return percentile_query(dialect, groups, _period(start, end))
 
 
 def _line(r: Any, n: int) -> ReportLine:
-    """A result row: n group values, the two counts, the token sums, then the cost sums
+    """A result row: n group values, the counts, the token sums, then the cost sums
     (units)."""
     groups = tuple(None if g is None else str(g) for g in r[:n])
-    counts = r[n : n + 2 + len(TOKENS)]
-    return ReportLine(groups, *counts, *map(to_usd, r[n + 2 + len(TOKENS) :]))
+    counts = r[n : n + len(COUNTS)]
+    return ReportLine(groups, *counts, *map(to_usd, r[n + len(COUNTS) :]))
 
 
 async def cost_report(
@@ -164,12 +276,17 @@ async def cost_report(
     group_by: tuple[GroupBy, ...],
 ) -> Report:
     """Aggregate ledger rows with start <= ts < end (either bound optional)."""
-    stmt = report_query(engine.dialect.name, start, end, group_by)
-    n = len(group_by)
+    dialect, n = engine.dialect.name, len(group_by)
     async with engine.connect() as conn:
-        result = await conn.execute(stmt)
+        result = await conn.execute(report_query(dialect, start, end, group_by))
         lines = [_line(r, n) for r in result.all()]
+        picks = await conn.execute(scorecard_query(dialect, start, end, group_by))
+        by_group, overall = latencies(list(picks.all()), n)
     report = Report(start, end, group_by, lines)
     for line in lines:
         report.totals.add(line)
+        line.latency = by_group.get(line.groups, Latency())
+    report.totals.latency = overall
+    if group_by in COMPARED:
+        lines.sort(key=ReportLine.rank_key)
     return report

@@ -110,7 +110,8 @@ def test_a_known_mix_of_calls_gives_exact_rows_and_report(
         headers={"authorization": f"Bearer {ADMIN}"},
     ).json()
     totals = report["totals"]
-    assert (totals["requests"], totals["errors"]) == (5, 1)  # the 404 was served nothing
+    # The 404 was refused, served nothing.
+    assert (totals["requests"], totals["refused"], totals["failed"]) == (5, 1, 0)
     assert Decimal(totals["cost_total"]) == to_usd(sum(r["cost_total"] for r in rows.values()))
     assert Decimal(totals["cost_total"]) == sum(
         Decimal(line["cost_total"]) for line in report["rows"]

@@ -54,9 +54,16 @@ async def test_report_command(pg_db_url: str, tmp_path: Path) -> None:
     ]  # fmt: skip
     assert by_day["totals"]["requests"] == 3
     team_day = report(pg_db_url, "--group-by", "team,day").splitlines()
-    assert team_day[0].startswith("team,day,requests,errors,prompt_tokens,")
+    assert team_day[0].startswith("team,day,requests,refused,failed,prompt_tokens,")
+    # Then the scorecard: 400 of 1000 cached, 0.00003 saved of 0.00021, 0.00012 for 1000
+    # prompt tokens, 0.00006 for 100 output; no TTFT (not streamed), 500 ms end to end.
     assert team_day[1:2] == [
-        f"team-a,{today},1,0,1000,600,400,0,100,0.0000900000,0.0000300000,0.0000000000,"
-        "0.0000600000,0.0001800000,0.0002100000,0.0000300000"
+        f"team-a,{today},1,0,0,1000,600,400,0,100,0.0000900000,0.0000300000,0.0000000000,"
+        "0.0000600000,0.0001800000,0.0002100000,0.0000300000,"
+        "0.4000,0.1429,0.1200000000,0.6000000000,,,500"
     ]
-    assert team_day[-1].startswith("TOTAL,,3,0,3000,")
+    assert team_day[-1].startswith("TOTAL,,3,0,0,3000,")
+    table = report(pg_db_url, "--group-by", "team", "--format", "table").splitlines()
+    assert table[0].split()[:4] == ["team", "served", "refused", "failed"]
+    assert table[1].split()[-4:] == ["0.6000000000", "-", "-", "500"]
+    assert [line.split()[0] for line in table[1:]] == ["team-a", "team-b", "TOTAL"]

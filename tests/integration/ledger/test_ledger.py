@@ -1,7 +1,8 @@
 """A known mix of calls gives exactly the expected ledger rows and report totals.
 
 Every expected figure below is worked out by hand from the prices and token counts, on
-Postgres and on the embedded SQLite file alike.
+Postgres and on the embedded SQLite file alike. Each served call's TTFT is 0.105 s (100 ms
+as the report counts it) and its end-to-end time 0.505 s (500 ms).
 """
 
 from __future__ import annotations
@@ -71,31 +72,43 @@ EXPECTED_COSTS = [
 
 TEAM_REPORT = {
     "team-a": {
-        "requests": 3, "errors": 0, "prompt_tokens": 2007, "input_tokens": 1236,
+        "requests": 3, "refused": 0, "failed": 0, "prompt_tokens": 2007, "input_tokens": 1236,
         "cached_tokens": 771,
         "cache_write_tokens": 0, "completion_tokens": 251,
         "cost_input": "0.0001852938", "cost_cached_input": "0.0000576370",
         "cost_cache_write": "0.0000000000", "cost_output": "0.0001503333",
         "cost_total": "0.0003932641", "cost_without_cache": "0.0004511975",
         "savings": "0.0000579334",
+        # 771 / 2007; 0.0000579334 / 0.0004511975; 0.0002429308 per 2007 tokens;
+        # 0.0001503333 per 251 tokens.
+        "cached_share": "0.3842", "savings_share": "0.1284",
+        "usd_per_m_prompt": "0.1210417539", "usd_per_m_output": "0.5989374502",
+        "ttft_p50_ms": 100, "ttft_p95_ms": 100, "e2e_p50_ms": 500,
     },
     "team-b": {
-        "requests": 2, "errors": 1, "prompt_tokens": 2333, "input_tokens": 833,
+        "requests": 2, "refused": 0, "failed": 1, "prompt_tokens": 2333, "input_tokens": 833,
         "cached_tokens": 0,
         "cache_write_tokens": 1500, "completion_tokens": 18,
         "cost_input": "0.0024990000", "cost_cached_input": "0.0000000000",
         "cost_cache_write": "0.0056250000", "cost_output": "0.0002700000",
         "cost_total": "0.0083940000", "cost_without_cache": "0.0072690000",
         "savings": "-0.0011250000",
+        # Writing the cache cost more than it saved: -0.001125 / 0.007269.
+        "cached_share": "0.0000", "savings_share": "-0.1548",
+        "usd_per_m_prompt": "3.4822117445", "usd_per_m_output": "15.0000000000",
+        "ttft_p50_ms": 100, "ttft_p95_ms": 100, "e2e_p50_ms": 500,
     },
     "TOTAL": {
-        "requests": 5, "errors": 1, "prompt_tokens": 4340, "input_tokens": 2069,
+        "requests": 5, "refused": 0, "failed": 1, "prompt_tokens": 4340, "input_tokens": 2069,
         "cached_tokens": 771,
         "cache_write_tokens": 1500, "completion_tokens": 269,
         "cost_input": "0.0026842938", "cost_cached_input": "0.0000576370",
         "cost_cache_write": "0.0056250000", "cost_output": "0.0004203333",
         "cost_total": "0.0087872641", "cost_without_cache": "0.0077201975",
         "savings": "-0.0010670666",
+        "cached_share": "0.1776", "savings_share": "-0.1382",
+        "usd_per_m_prompt": "1.9278642396", "usd_per_m_output": "1.5625773234",
+        "ttft_p50_ms": 100, "ttft_p95_ms": 100, "e2e_p50_ms": 500,
     },
 }  # fmt: skip
 
@@ -138,7 +151,7 @@ async def test_mix_gives_exact_rows_and_report(
         assert call.principal is not None
         assert (row.key_id, row.team) == (call.principal.key_id, call.principal.team)
         assert (row.model, row.backend, row.decision) == (call.model, "b1", "hit")
-        assert (row.ttft_s, row.latency_s) == (pytest.approx(0.1), pytest.approx(0.5))
+        assert (row.ttft_s, row.latency_s) == (pytest.approx(0.105), pytest.approx(0.505))
     flags = [(r.stream, r.disconnected, r.estimated, r.status, r.error_type, r.served_by)
              for r in written]  # fmt: skip
     assert flags == [
@@ -157,12 +170,15 @@ async def test_mix_gives_exact_rows_and_report(
         total = (await conn.execute(select(func.sum(LedgerRow.cost_total)))).scalar_one()
     assert to_usd(total) == Decimal(TEAM_REPORT["TOTAL"]["cost_total"])
     by_model = (await cost_report(engine, None, None, ("model",))).to_json()
-    assert [(r["model"], r["cost_total"]) for r in by_model["rows"]] == [
-        ("alpha", "0.0003924000"), ("beta", "0.0083940000"), ("gamma", "0.0000008641")
+    # Cheapest effective prompt price first: gamma 0.0000005308 for 7 tokens (0.0758 per
+    # million), alpha 0.0002424 for 2000 (0.1212), beta 0.008124 for 2333 (3.48).
+    assert [(r["model"], r["cost_total"], r["usd_per_m_prompt"]) for r in by_model["rows"]] == [
+        ("gamma", "0.0000008641", "0.0758285714"), ("alpha", "0.0003924000", "0.1212000000"),
+        ("beta", "0.0083940000", "3.4822117445"),
     ]  # fmt: skip
     assert by_model["totals"] == report["totals"]
     by_team_model = (await cost_report(engine, None, None, ("team", "model"))).to_json()
-    assert [(r["team"], r["model"], r["requests"], r["errors"])
+    assert [(r["team"], r["model"], r["requests"], r["failed"])
             for r in by_team_model["rows"]] == [
         ("team-a", "alpha", 2, 0), ("team-a", "gamma", 1, 0), ("team-b", "beta", 2, 1)
     ]  # fmt: skip
