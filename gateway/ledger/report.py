@@ -25,7 +25,7 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any, Literal, cast, get_args
 
-from sqlalchemy import ColumnElement, Select, case, func, literal_column, select
+from sqlalchemy import ColumnElement, Select, case, func, literal_column, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.ledger.models import LedgerRow, to_usd
@@ -278,6 +278,10 @@ async def cost_report(
     """Aggregate ledger rows with start <= ts < end (either bound optional)."""
     dialect, n = engine.dialect.name, len(group_by)
     async with engine.connect() as conn:
+        if dialect == "postgresql":
+            # The percentiles' GROUP BY holds a few hundred counts per group: at the default
+            # 4 MB it spills to disk and takes 2-3x as long.
+            await conn.execute(text("SET LOCAL work_mem = '64MB'"))
         result = await conn.execute(report_query(dialect, start, end, group_by))
         lines = [_line(r, n) for r in result.all()]
         picks = await conn.execute(scorecard_query(dialect, start, end, group_by))

@@ -41,7 +41,6 @@ from sqlalchemy import (
     null,
     or_,
     select,
-    true,
     union_all,
 )
 from sqlalchemy.sql.expression import CTE
@@ -102,24 +101,21 @@ def histogram(
 ) -> CTE:
     """Per group, kind (TTFT or end-to-end) and counted duration, the number of served calls.
 
-    One scan: each row meets a two-row table of kinds and gives its TTFT (streamed calls
-    only) to the first and its end-to-end time to the second.
+    One GROUP BY per kind, each over only the rows it ranks: on Postgres two narrow scans
+    cost less than one that feeds every row through twice.
     """
-    kinds = union_all(select(literal(TTFT).label("k")), select(literal(E2E).label("k"))).subquery(
-        "kinds"
-    )
-    ttft = case((LedgerRow.stream, LedgerRow.ttft_s), else_=null())
-    seconds = case((kinds.c.k == TTFT, ttft), else_=LedgerRow.latency_s)
-    value = duration_ms(seconds, dialect)
-    labelled = [g.label(f"g{i}") for i, g in enumerate(groups)]
-    stmt = (
-        select(*labelled, kinds.c.k, value.label("v"), func.count().label("n"))
-        .select_from(LedgerRow)
-        .join(kinds, true())
-        .where(served(), seconds.is_not(None), *where)
-        .group_by(*labelled, kinds.c.k, value)
-    )
-    return stmt.cte("histogram")
+
+    def counts(kind: int, seconds: ColumnElement[Any], *only: ColumnElement[bool]) -> Select[Any]:
+        labelled = [g.label(f"g{i}") for i, g in enumerate(groups)]
+        value = duration_ms(seconds, dialect)
+        return (
+            select(*labelled, literal(kind).label("k"), value.label("v"), func.count().label("n"))
+            .where(served(), seconds.is_not(None), *only, *where)
+            .group_by(*labelled, value)
+        )
+
+    ttft = counts(TTFT, LedgerRow.ttft_s, LedgerRow.stream)
+    return union_all(ttft, counts(E2E, LedgerRow.latency_s)).cte("histogram")
 
 
 def _picks(hist: CTE, n_groups: int, total: bool) -> Select[Any]:
