@@ -148,8 +148,8 @@ class Report:
         return buf.getvalue()
 
     def to_table(self) -> str:
-        """A terminal's view: the scorecard beside what was billed and saved (CSV and JSON
-        carry every figure). In a comparison (by backend or model) a * marks the cheapest
+        """A terminal's view: the scorecard beside what was billed (CSV and JSON carry
+        every figure). In a comparison (by backend or model) a * marks the cheapest
         effective prompt price and the fastest TTFT p50."""
         names = [*self.group_by, *TABLE]
         rows = [[*(g or "(none)" for g in line.groups), *_row(line)] for line in self.lines]
@@ -161,14 +161,13 @@ class Report:
         return "\n".join(out) + "\n"
 
 
-TABLE = ("served", "refused", "failed", "billed_usd", "saved_usd", "cached", "saved",
-         "usd_per_m_prompt", "usd_per_m_output", "ttft_p50_ms", "ttft_p95_ms",
-         "e2e_p50_ms")  # fmt: skip
+TABLE = ("served", "refused", "failed", "billed_usd", "cached", "saved", "usd/M_prompt",
+         "usd/M_output", "ttft_p50_ms", "ttft_p95_ms", "e2e_p50_ms")  # fmt: skip
 
 
 def _row(line: ReportLine) -> list[str]:
     lat = line.latency
-    cells = (line.requests, line.refused, line.failed, line.cost_total, line.savings,
+    cells = (line.requests, line.refused, line.failed, line.cost_total,
              _percent(line.cached_share), _percent(line.savings_share), line.usd_per_m_prompt,
              line.usd_per_m_output, lat.ttft_p50_ms, lat.ttft_p95_ms, lat.e2e_p50_ms)  # fmt: skip
     return ["-" if c is None else format(c, "f") if isinstance(c, Decimal) else str(c)
@@ -182,7 +181,7 @@ def _percent(value: Decimal | None) -> str | None:
 def _mark_best(rows: list[list[str]], n: int, lines: list[ReportLine]) -> None:
     """Star the cheapest effective prompt price and the fastest TTFT p50 (ties: all)."""
     figures = {
-        n + TABLE.index("usd_per_m_prompt"): [line.usd_per_m_prompt for line in lines],
+        n + TABLE.index("usd/M_prompt"): [line.usd_per_m_prompt for line in lines],
         n + TABLE.index("ttft_p50_ms"): [line.latency.ttft_p50_ms for line in lines],
     }
     for col, values in figures.items():

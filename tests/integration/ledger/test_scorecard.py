@@ -132,10 +132,10 @@ async def test_table_stars_the_cheapest_and_the_fastest(engine: AsyncEngine) -> 
     await insert_rows(engine, [ledger_row(calls[0], cheap), ledger_row(calls[1], COST)])
     table = (await cost_report(engine, None, None, ("backend",))).to_table().splitlines()
     assert table[0].split() == ["backend", "served", "refused", "failed", "billed_usd",
-        "saved_usd", "cached", "saved", "usd_per_m_prompt", "usd_per_m_output",
-        "ttft_p50_ms", "ttft_p95_ms", "e2e_p50_ms"]  # fmt: skip
-    assert table[1].split() == ["b-slow", "1", "0", "0", "0.0003000000", "0.0000000000",
-        "60.00%", "0.00%", "0.1000000000", "*", "2.0000000000", "500", "500", "1000"]  # fmt: skip
-    assert table[2].split() == ["b-fast", "1", "0", "0", "0.0006600000", "0.0005400000",
-        "60.00%", "45.00%", "0.4600000000", "2.0000000000", "50", "*", "50", "100"]  # fmt: skip
+        "cached", "saved", "usd/M_prompt", "usd/M_output", "ttft_p50_ms", "ttft_p95_ms",
+        "e2e_p50_ms"]  # fmt: skip
+    assert table[1].split() == ["b-slow", "1", "0", "0", "0.0003000000", "60.00%", "0.00%",
+        "0.1000000000", "*", "2.0000000000", "500", "500", "1000"]  # fmt: skip
+    assert table[2].split() == ["b-fast", "1", "0", "0", "0.0006600000", "60.00%", "45.00%",
+        "0.4600000000", "2.0000000000", "50", "*", "50", "100"]  # fmt: skip
     assert table[3].split()[:2] == ["TOTAL", "2"]
