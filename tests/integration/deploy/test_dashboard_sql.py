@@ -95,9 +95,7 @@ async def test_scorecard_panel_agrees_with_the_report(pg_db_url: str) -> None:
     by backend and model give the same figures, in the same order, for the same rows."""
     engine = make_engine(pg_db_url)
     await upgrade(engine)
-    other = [served("b-slow", 0.0123, 0.0456, stream=True)]  # a second model on one backend
-    other[0].request.model = "beta"  # type: ignore[union-attr]
-    calls = [*CALLS, *other]
+    calls = [*CALLS, served("b-slow", 0.0123, 0.0456, model="beta")]  # two models on b-slow
     try:
         await insert_rows(engine, [ledger_row(c, COST if c.usage else Cost()) for c in calls])
         report = await cost_report(engine, None, None, ("backend", "model"))

@@ -114,6 +114,11 @@ async def test_post_price_then_report(
     lines = [(r["team"], r["requests"], r["cost_total"]) for r in report.json()["rows"]]
     assert lines == [("team-a", 1, "0.0007500000"), ("team-b", 1, "0.0015000000")]
     assert report.json()["totals"]["cost_total"] == "0.0022500000"
+    # The scorecard: team-a paid 0.00015 for 1000 prompt tokens, team-b 0.0003 (the new
+    # price); neither streamed, each took 0.505 s (counted 500 ms).
+    scores = [(r["usd_per_m_prompt"], r["ttft_p50_ms"], r["e2e_p50_ms"], r["failed"])
+              for r in report.json()["rows"]]  # fmt: skip
+    assert scores == [("0.1500000000", None, 500, 0), ("0.3000000000", None, 500, 0)]
 
     as_csv = await client.get(
         "/admin/reports/costs",
@@ -122,10 +127,11 @@ async def test_post_price_then_report(
     )
     assert as_csv.headers["content-type"].startswith("text/csv")
     table = list(csv.DictReader(io.StringIO(as_csv.text)))
-    assert [(r["model"], r["requests"], r["cost_total"], r["savings"]) for r in table] == [
-        ("alpha", "2", "0.0022500000", "0.0000000000"),
-        ("TOTAL", "2", "0.0022500000", "0.0000000000"),
-    ]
+    assert [(r["model"], r["requests"], r["cost_total"], r["savings"], r["usd_per_m_output"])
+            for r in table] == [
+        ("alpha", "2", "0.0022500000", "0.0000000000", "0.9000000000"),
+        ("TOTAL", "2", "0.0022500000", "0.0000000000", "0.9000000000"),
+    ]  # fmt: skip
 
 
 async def test_bad_report_parameters(

@@ -37,9 +37,11 @@ def timed(call: Call, ttft: float, e2e: float) -> Call:
     return call
 
 
-def served(backend: str, ttft: float, e2e: float, *, stream: bool = True, **kw: Any) -> Call:
+def served(
+    backend: str, ttft: float, e2e: float, *, model: str = "alpha", stream: bool = True, **kw: Any
+) -> Call:
     usage = Usage(prompt_tokens=1000, cached_tokens=600, completion_tokens=100)
-    call = make_call("alpha", backend=backend, stream=stream, usage=usage, **kw)
+    call = make_call(model, backend=backend, stream=stream, usage=usage, **kw)
     return timed(call, ttft, e2e)
 
 
