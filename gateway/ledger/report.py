@@ -39,7 +39,7 @@ from gateway.ledger.scorecard import (
     share,
 )
 
-GroupBy = Literal["key", "team", "model", "day", "backend"]
+GroupBy = Literal["key", "team", "model", "day", "backend", "user"]
 GROUP_BYS: tuple[str, ...] = get_args(GroupBy)
 
 TOKENS = ("prompt_tokens", "input_tokens", "cached_tokens", "cache_write_tokens",
@@ -227,6 +227,7 @@ def _group_column(group_by: GroupBy, dialect: str) -> ColumnElement[Any]:
         "team": LedgerRow.team,
         "model": LedgerRow.model,
         "backend": LedgerRow.backend,
+        "user": LedgerRow.end_user,  # the end user's hash (keys/secret.py)
     }[group_by]
 
 

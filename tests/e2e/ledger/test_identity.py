@@ -136,3 +136,10 @@ def test_each_calls_end_user_is_on_its_row_hashed(
         call: hash_end_user(name, key) for call, name in ids.items()
     }
     assert not any("ada" in str(value) for row in rows for value in row.values())
+    report = httpx.get(
+        gateway + "/admin/reports/costs", params={"group_by": "user"},
+        headers={"authorization": f"Bearer {ADMIN}"},
+    ).json()  # fmt: skip
+    per_user = {line["user"]: line["requests"] for line in report["rows"] if line["user"]}
+    names = list(ids.values())
+    assert per_user == {hash_end_user(n, key): names.count(n) for n in set(names)}

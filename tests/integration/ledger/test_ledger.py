@@ -23,6 +23,7 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.flow import Call, Cost, Usage
+from gateway.keys.secret import end_user_key, hash_end_user
 from gateway.ledger import Ledger
 from gateway.ledger.db import make_engine
 from gateway.ledger.migrate import upgrade
@@ -286,3 +287,34 @@ async def test_receive_time_is_stored_to_the_microsecond(db_url: str, engine: As
         datetime(1999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC),
         datetime(2026, 1, 1, tzinfo=UTC),
     ]
+
+
+async def test_a_report_by_end_user_totals_each_end_users_calls_exactly(
+    db_url: str, engine: AsyncEngine, tmp_path: Path
+) -> None:
+    """safety_identifier or user, grouped by its hash: a team sees what each of its end
+    users spends, and no end user's name is in the report."""
+    ledger = Ledger(ledger_settings(db_url, tmp_path / "spool", PRICES), CollectorRegistry())
+    await ledger.start()
+    spent = {"ada@example.com": [1000, 3000], "bob": [2000], None: [500]}
+    for end_user, prompts in spent.items():
+        for prompt in prompts:
+            call = make_call("alpha", usage=Usage(prompt, 0, 10))
+            assert call.request is not None
+            call.request.end_user = end_user
+            record(ledger, call)
+    await ledger.aclose()
+    report = (await cost_report(engine, None, None, ("user",))).to_json()
+    key = end_user_key(ledger_settings(db_url, tmp_path, PRICES).auth.pepper)
+    got = {line["user"]: (line["requests"], line["prompt_tokens"], line["cost_total"])
+           for line in report["rows"]}  # fmt: skip
+    price = PRICES["alpha"]
+    assert got == {
+        (None if name is None else hash_end_user(name, key)): (
+            len(prompts), sum(prompts),
+            str(sum((Decimal(p) * Decimal(price["input"]) + 10 * Decimal(price["output"]))
+                    / 1_000_000 for p in prompts).quantize(Decimal("1E-10"))),
+        )
+        for name, prompts in spent.items()
+    }  # fmt: skip
+    assert "ada" not in str(report)
