@@ -5,6 +5,12 @@ times the work, and every one of them waits for all of it. Held instead, the fir
 (the leader) prefills the prefix alone; the others follow it to the same backend once
 its first generated token shows the prefix is computed, and find it cached. The wait is
 bounded: on timeout, or if the leader fails, they are routed as usual.
+
+A leader is whichever call comes first, before routing knows whether any backend holds
+its prefix. Once it is routed to one that does (an agent's system prompt, cached
+everywhere), nobody waits for it: a warm prefix has nothing to share, and holding every
+call behind the first token of the one before it would queue them all in the gateway.
+Only calls arriving while the leader is being routed (its index lookup) wait for it then.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ COLD: frozenset[Decision] = frozenset({"miss", "affinity", "fallback"})
 
 @dataclass(slots=True)
 class Leader:
+    call: Call
     released: asyncio.Future[str | None]
     """Its backend's name once its first token arrived; None if it failed first."""
     hashes: list[int]
@@ -37,6 +44,12 @@ class Leader:
     """Loop time after which nobody waits for it and the next call leads anew:
     hold_max_wait bounds the hold as a whole, so a leader that never answers cannot tax
     every later call with the same prefix."""
+
+    @property
+    def warm(self) -> bool:
+        """Routed to a backend that holds its prefix: nothing to wait for."""
+        route = self.call.route
+        return route is not None and route.decision not in COLD
 
 
 class PrefixHold:
@@ -62,7 +75,7 @@ class PrefixHold:
             return await send(call, payload, None)
         leader = self._leaders.get(key)
         if leader is not None and leader.deadline > asyncio.get_running_loop().time():
-            if not self._worth_waiting(call, leader):
+            if leader.warm or not self._worth_waiting(call, leader):
                 return await send(call, payload, None)
             backend = await self._wait(leader)
             if backend is not None:
@@ -100,7 +113,7 @@ class PrefixHold:
         loop = asyncio.get_running_loop()
         assert call.prefix is not None
         deadline = loop.time() + self._settings.hold_max_wait
-        leader = Leader(loop.create_future(), call.prefix.hashes, deadline)
+        leader = Leader(call, loop.create_future(), call.prefix.hashes, deadline)
         self._leaders[key] = leader
 
         def release(backend: str | None) -> None:

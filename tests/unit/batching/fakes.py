@@ -60,13 +60,14 @@ class FakeSend:
         self.sent.append((call, payload, pin))
         error = self.errors.pop(0) if self.errors else None
         answer = self.answers.pop(0) if self.answers else FakeUpstream(b"answer")
+        name = pin or "b1"
+        # Routed first, then the wait for the backend's first chunk, as dispatch does.
+        call.route = Route(backend=name, decision=self.decision)
         if self.gates:
             await self.gates.pop(0).wait()
         await asyncio.sleep(0)
         if error is not None:
             raise error
-        name = pin or "b1"
-        call.route = Route(backend=name, decision=self.decision)
         call.dispatched_at = 1.0
         return Backend(name=name, url="http://" + name), answer
 

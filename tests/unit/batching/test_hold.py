@@ -116,6 +116,20 @@ async def test_a_warm_prefix_holds_nobody() -> None:
     assert follower.served_by == "upstream"
 
 
+async def test_nobody_waits_for_a_leader_routed_to_a_warm_prefix() -> None:
+    hold, first_chunk = PrefixHold(BatchingSettings(hold_min_tokens=32)), asyncio.Event()
+    send = FakeSend(decision="hit", gates=[first_chunk])
+    leading = asyncio.create_task(hold.submit(chat_call([1, 2]), b"lead", send))
+    await asyncio.sleep(0)  # routed; its first chunk has not come
+    follower = chat_call([1, 2])
+    await asyncio.wait_for(hold.submit(follower, b"follow", send), 1.0)
+    assert not leading.done()
+    assert send.sent[-1][2] is None
+    assert follower.served_by == "upstream"
+    first_chunk.set()
+    await leading
+
+
 async def collect(answer: Answer) -> bytes:
     return b"".join([c async for c in answer.chunks()])
 
