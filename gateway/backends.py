@@ -303,7 +303,7 @@ class BackendPool:
         backend.running = int(load.get("vllm:num_requests_running", 0))
         backend.kv_usage = load.get("vllm:kv_cache_usage_perc", 0.0)
         backend.own_at_scrape = backend.in_flight
-        backend.backlog.scraped(kv_capacity_tokens(text))
+        backend.backlog.scraped(kv_capacity_tokens(text), backend.running, backend.waiting)
 
 
 ENGINE_GAUGES = ("vllm:num_requests_waiting", "vllm:num_requests_running",

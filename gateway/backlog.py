@@ -3,8 +3,8 @@
 The engine's own gauges arrive once a second; calls arrive many times as often, and a
 burst that lands between two scrapes would all see the same idle backend. So the gateway
 counts what it has sent itself, exactly and at once: the prompt tokens each backend still
-has to prefill for our calls (sent, no first byte yet) and the KV cache our running calls
-hold; the scrape adds other replicas'.
+has to prefill for our calls (sent, no first byte yet), the KV cache our running calls
+hold, and when each of them will end; the scrape adds other replicas'.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 
 from gateway.flow import Call
-from gateway.stages.costs import MEMORY, Load, Rates
+from gateway.stages.costs import MEMORY, Load, Rates, slot_wait
 
 UNKNOWN_CAPACITY_TOKENS = 1 << 22
 """Assumed when a backend does not say (no ``vllm:cache_config_info``) and no setting
@@ -32,53 +32,104 @@ class Backlog:
     see time averages, so this is the share of time the backend is prefilling for us."""
     pending_at_scrape: int = 0
     """Our calls still awaiting their first byte when the last scrape answered."""
+    occupied: float = 0.0
+    """Share of its sequence slots the engine has had taken, as routing decisions find it
+    (time-averaged, as ``busy``); 0 while the slot count is unknown."""
+    peak: int = 0
+    """The most sequences the engine was seen running at once."""
+    slots: int = 0
+    """The most sequences the engine runs at once (vLLM's ``max_num_seqs``, which it does
+    not export): ``peak`` once calls were seen waiting while it ran that many; 0 (not
+    known) until then."""
     kv_tokens: float = 0.0
     """KV cache our calls there hold or will: their prompts and the answers they may write."""
     _held: dict[str, float] = field(default_factory=dict)
     """Each of our calls in flight there (by id) and its share of ``kv_tokens``."""
-    _prefilling: dict[str, Call] = field(default_factory=dict)
-    """Our calls there that may still be prefilling (pruned as they are seen done)."""
+    _calls: dict[str, Call] = field(default_factory=dict)
+    """Our calls in flight there, in the order the engine got them."""
 
-    def scraped(self, capacity_tokens: int | None) -> None:
-        """The engine answered a scrape: note its capacity and how many of our calls it
-        had not answered yet (its waiting queue counts those)."""
+    def scraped(self, capacity_tokens: int | None, running: int = 0, waiting: int = 0) -> None:
+        """The engine answered a scrape: note its capacity, its sequence slots, and how
+        many of our calls it had not answered yet (its waiting queue counts those).
+
+        Calls wait at the slot limit, but also for the next scheduler step whatever the
+        free slots (a step that prefills a long prompt takes a while), so a scrape that
+        finds calls waiting with fewer running than the limit can mislead: the slot count
+        is the most ever seen running, once calls were seen waiting at that many. Seen
+        running more, the engine had more: unknown again until calls wait at the new peak.
+        (A KV cache too full to admit more also makes calls wait, with fewer running.)"""
         if capacity_tokens:
             self.capacity_tokens = capacity_tokens
+        if running > self.peak:
+            self.peak, self.slots = running, 0
+        if running == self.peak and waiting > 0:
+            self.slots = running
         self.pending_at_scrape = len(self.pending(time.perf_counter()))
 
     def admit(self, call: Call) -> None:
         tokens = self._kv_of(call)
         self._held[call.id] = tokens
         self.kv_tokens += tokens
-        self._prefilling[call.id] = call
+        self._calls[call.id] = call
         if call.route is not None:
             self.written_tokens += call.route.uncached_tokens
 
     def release(self, call: Call) -> None:
         self.kv_tokens -= self._held.pop(call.id, 0.0)
-        self._prefilling.pop(call.id, None)
+        self._calls.pop(call.id, None)
 
     def pending(self, now: float) -> list[Call]:
         """Our calls whose prompt is not prefilled yet."""
-        done = [i for i, c in self._prefilling.items() if not prefilling(c, now)]
-        for i in done:
-            del self._prefilling[i]
-        return list(self._prefilling.values())
+        return [c for c in self._calls.values() if prefilling(c, now)]
+
+    def slot_wait(self, now: float, others: int) -> float:
+        """Seconds until a call sent now gets a sequence slot: ours end when their answers
+        are out at the learned decode pace; ``others`` (other replicas' sequences) are
+        taken as halfway through a typical call."""
+        if not self.slots:
+            return 0.0
+        rates = self.rates
+        typical = rates.hold(rates.uncached_per_call, rates.completion_per_call)
+        calls = list(self._calls.values())
+        admitted = max(self.slots - others, 0)
+        running = [typical / 2] * min(others, self.slots)
+        running += [self._left(c, now) for c in calls[:admitted]]
+        waiting = [typical] * max(others - self.slots, 0)
+        waiting += [rates.hold(self._uncached(c), self._answer(c)) for c in calls[admitted:]]
+        return slot_wait(running, waiting, self.slots)
+
+    def _left(self, call: Call, now: float) -> float:
+        """Seconds until the call ends: its first token (seen, or when expected) plus its
+        answer at the decode pace."""
+        assert call.route is not None
+        assert call.dispatched_at is not None
+        start = call.first_byte_at
+        if start is None:
+            start = call.dispatched_at + call.route.expected_ttft
+            if call.request is not None and call.request.stream:
+                start = max(start, now)  # late: not begun yet
+        return max(start + self.rates.per_output * self._answer(call) - now, 0.0)
 
     def load(self, waiting: int, running: int, kv_usage: float) -> Load:
         """What a call routed now finds here; ``waiting``, ``running`` and ``kv_usage`` are
         the engine's from the last scrape (``running`` counts ours)."""
-        pending = self.pending(time.perf_counter())
+        now = time.perf_counter()
+        pending = self.pending(now)
         ours = sum(c.route.uncached_tokens for c in pending if c.route is not None)
         theirs = max(waiting - self.pending_at_scrape, 0) * self.rates.uncached_per_call
         keep = 1.0 - 1.0 / MEMORY
         self.busy = keep * self.busy + (1 - keep) * (ours > 0)
         capacity = self.capacity_tokens or UNKNOWN_CAPACITY_TOKENS
         free = max(min(capacity - self.kv_tokens, capacity * (1 - kv_usage)), 0.0)
+        others = max(running - len(self._calls), 0)
+        if self.slots:
+            taken = min((len(self._calls) + others) / self.slots, 1.0)
+            self.occupied = keep * self.occupied + (1 - keep) * taken
         return Load(
             queued_tokens=ours + theirs,
             running=max(running, len(self._held)),
-            utilization=max(self.busy, 1 - free / capacity),
+            slot_wait=self.slot_wait(now, others),
+            utilization=max(self.busy, self.occupied, 1 - free / capacity),
             free_tokens=free,
             full=min(self.written_tokens / capacity, 1.0),
         )
@@ -86,9 +137,16 @@ class Backlog:
     def _kv_of(self, call: Call) -> float:
         """The call's own KV blocks: what it prefills and answers (the prefix it found
         cached is shared with whoever else uses it)."""
-        prefill = call.route.uncached_tokens if call.route is not None else 0
+        return self._uncached(call) + self._answer(call)
+
+    @staticmethod
+    def _uncached(call: Call) -> float:
+        return call.route.uncached_tokens if call.route is not None else 0
+
+    def _answer(self, call: Call) -> float:
+        """Tokens the call's answer may take: what it asked for, else the usual."""
         asked = call.request.max_tokens if call.request is not None else None
-        return prefill + (asked if asked is not None else self.rates.completion_per_call)
+        return asked if asked is not None else self.rates.completion_per_call
 
 
 def prefilling(call: Call, now: float) -> bool:

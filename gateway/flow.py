@@ -107,6 +107,8 @@ class Route:
     """Sequences the cost model saw running there."""
     expected_ttft: float = 0.0
     """Seconds to first byte the cost model expected there (0 for the other policies)."""
+    slot_wait: float = 0.0
+    """Of which the wait for a sequence slot there."""
 
 
 @dataclass(slots=True)

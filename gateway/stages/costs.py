@@ -1,21 +1,26 @@
 """The routing cost model: how long a call would wait for its first token on each backend.
 
-On a continuous-batching engine a call's time to first token is a fixed cost (a scheduler
-step, the HTTP hop) plus the prefill work in front of it and its own, plus a little for
-every sequence decoding beside it. So per backend
+On a continuous-batching engine a call's time to first token is the wait for a sequence
+slot (the engine runs at most so many at once; the rest wait until running ones finish
+their answers), then a fixed cost (a scheduler step, the HTTP hop) plus the prefill work
+in front of it and its own, plus a little for every sequence decoding beside it. So per
+backend
 
-    ttft = overhead + per_token * (tokens queued ahead + tokens this backend lacks)
-                    + per_running * sequences running
+    ttft = slot wait + overhead + per_token * (tokens queued ahead + tokens it lacks)
+                                + per_running * sequences running
 
-with the three coefficients learned from what the backend did (:class:`Rates`), so a
-slow backend, a GPU or a CPU need no setting. A placement also delays the calls that
-queue behind its prefill, and a call that starts a conversation decides where the later
-ones go (:class:`Streams` counts how many follow, how often, and how much cache the live
-ones want on each backend); :func:`cost` adds both, in seconds.
+with the three coefficients and the time per generated token learned from what the
+backend did (:class:`Rates`), so a slow backend, a GPU or a CPU need no setting; the slot
+wait comes from when the sequences in front of the call will end (:func:`slot_wait`).
+A placement also delays the calls that queue behind its prefill, and a call that starts a
+conversation decides where the later ones go (:class:`Streams` counts how many follow, how
+often, and how much cache the live ones want on each backend); :func:`cost` adds both,
+in seconds.
 """
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import OrderedDict
 from collections.abc import Callable
@@ -27,6 +32,8 @@ PRIOR_PER_TOKEN = 1e-4
 """Seconds per prefilled token: 10,000 tokens/s, a mid-sized model on one GPU."""
 PRIOR_PER_RUNNING = 5e-4
 """Seconds per running sequence: a decode token each in every step the call waits through."""
+PRIOR_PER_OUTPUT = 0.02
+"""Seconds per generated token of one sequence: a mid-sized model's decode step on one GPU."""
 MEMORY = 200
 """Observations the estimates average over (their forgetting horizon): enough to average
 out one noisy call, few enough to follow a backend that slows down within a minute."""
@@ -68,6 +75,9 @@ class Rates:
     completion_per_call: float = TYPICAL_TOKENS / 4
     hit_share: float = 0.0
     """Share of prompt tokens the backend's cache served: how often what it holds is reused."""
+    per_output: float = PRIOR_PER_OUTPUT
+    """Seconds between a sequence's generated tokens there (its decode step)."""
+    decodes: int = 0
     observations: int = 0
     _xx: list[list[float]] = field(default_factory=lambda: [[0.0] * 3 for _ in range(3)])
     _xy: list[float] = field(default_factory=lambda: [0.0] * 3)
@@ -75,6 +85,16 @@ class Rates:
 
     def ttft(self, tokens: float, running: float) -> float:
         return self.overhead + self.per_token * tokens + self.per_running * running
+
+    def hold(self, uncached: float, completion: float) -> float:
+        """Seconds a call holds its sequence slot once admitted: its prefill, then its
+        answer at the backend's decode pace."""
+        return self.overhead + self.per_token * uncached + self.per_output * completion
+
+    def decoded(self, seconds_per_token: float) -> None:
+        """A streamed answer's time between its first and last token, per token."""
+        self.per_output = blend(self.per_output, seconds_per_token, self.decodes)
+        self.decodes += 1
 
     @property
     def error(self) -> float:
@@ -225,6 +245,21 @@ class Streams:
             self._leave(anchor)
 
 
+def slot_wait(running: list[float], waiting: list[float], slots: int) -> float:
+    """Seconds until a call queued now gets a sequence slot: the engine admits in arrival
+    order as running sequences end. ``running``: seconds until each running sequence ends;
+    ``waiting``: how long each call queued ahead will hold its slot; ``slots``: the most
+    sequences the engine runs (0: unknown, no wait)."""
+    if not slots or len(running) + len(waiting) < slots:
+        return 0.0
+    ends = sorted(running)[:slots]
+    ends += [0.0] * (slots - len(ends))
+    heapq.heapify(ends)
+    for held in waiting:
+        heapq.heappush(ends, heapq.heappop(ends) + held)
+    return ends[0]
+
+
 @dataclass(slots=True, frozen=True)
 class Load:
     """What a backend has in front of a new call, as routing sees it when choosing."""
@@ -235,13 +270,15 @@ class Load:
     running: int = 0
     """Sequences in the engine: our calls in flight and other replicas'."""
     utilization: float = 0.0
-    """Share of the time the backend has prefill work queued (as arrivals find it) or of
-    its KV cache its running sequences hold, whichever is higher."""
+    """Share of the time the backend has prefill work queued (as arrivals find it), of its
+    sequence slots taken, or of its KV cache its running sequences hold: the highest."""
     free_tokens: float = float("inf")
     """KV cache not held by running sequences: what cached prefixes can live in."""
     full: float = 0.0
     """Share of its KV capacity the backend has had written so far, up to 1: once full,
     every token written evicts one."""
+    slot_wait: float = 0.0
+    """Seconds until a call sent now gets a sequence slot there (:func:`slot_wait`)."""
 
 
 def evicted(free_tokens: float, wanted: float) -> float:
@@ -256,7 +293,14 @@ def evicted(free_tokens: float, wanted: float) -> float:
 
 
 def cost(
-    rates: Rates, load: Load, uncached: float, later_calls: float, footprint: float, wanted: float
+    rates: Rates,
+    load: Load,
+    uncached: float,
+    later_calls: float,
+    footprint: float,
+    wanted: float,
+    *,
+    starts: bool = True,
 ) -> float:
     """Seconds this placement costs: this call's TTFT there, the delay its prefill adds to
     the calls that queue behind it and the prefill of what it evicts (once the cache is
@@ -265,6 +309,12 @@ def cost(
     it can expect there and the prefill of its stream's ``footprint`` (what it will want
     cached) in the share the cache cannot keep, with the other live streams there wanting
     ``wanted``.
+
+    The wait for a sequence slot counts for a call that ``starts`` a conversation (or
+    stands alone), not for its later turns: a turn that left its conversation's backend
+    for a shorter estimated wait would prefill the whole history again, and the estimate
+    (when running answers will end) moves faster than the turns come; the crowding of the
+    slots still weighs on every prefill through the utilization.
 
     Queueing is M/M/1's: at utilization ``u`` a call waits ``s * u / (1 - u)`` for work of
     mean ``s`` ahead of it, and work added now delays ``u / (1 - u)`` calls behind it. The
@@ -276,7 +326,10 @@ def cost(
     crowd = u / (1.0 - u)
     prefill = rates.per_token * uncached
     evicts = load.full * rates.hit_share
-    now = rates.ttft(load.queued_tokens, load.running) + prefill * (1.0 + crowd + evicts)
+    ahead = rates.ttft(load.queued_tokens, load.running)
+    if starts:
+        ahead += load.slot_wait
+    now = ahead + prefill * (1.0 + crowd + evicts)
     if later_calls <= 0:
         return now
     service = rates.overhead + rates.per_token * rates.uncached_per_call

@@ -136,6 +136,7 @@ class CacheAware:
                 later,
                 footprint[c.name],
                 streams.footprint(c.name),
+                starts=home is None,
             )
             for c in healthy
         }
@@ -184,7 +185,8 @@ class CacheAware:
         chosen = route(key, matches, pick, decision)
         chosen.queued_tokens = pick.ahead.queued_tokens
         chosen.running = pick.ahead.running
-        chosen.expected_ttft = pick.rates.ttft(
+        chosen.slot_wait = pick.ahead.slot_wait
+        chosen.expected_ttft = chosen.slot_wait + pick.rates.ttft(
             pick.ahead.queued_tokens + chosen.uncached_tokens, pick.ahead.running
         )
         return chosen
