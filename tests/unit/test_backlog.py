@@ -1,3 +1,5 @@
+import time
+
 import pytest
 
 from gateway.backlog import Backlog
@@ -51,3 +53,33 @@ def test_capacity_comes_from_the_engine_and_running_calls_take_their_share() -> 
     assert backlog.load(waiting=0, running=2, kv_usage=0.0).full == 1.0
     backlog.scraped(None)  # an engine that stops saying keeps what it said
     assert backlog.capacity_tokens == 1000
+
+
+def test_the_slot_count_is_the_peak_running_once_calls_waited_at_it() -> None:
+    backlog = Backlog()
+    backlog.scraped(None, running=3, waiting=0)
+    backlog.scraped(None, running=2, waiting=1)  # waiting for the next step, not a slot
+    assert backlog.slots == 0
+    backlog.scraped(None, running=3, waiting=2)
+    assert backlog.slots == 3
+    backlog.scraped(None, running=5, waiting=0)  # it ran more: 3 was not the limit
+    assert backlog.slots == 0
+    backlog.scraped(None, running=5, waiting=1)
+    assert backlog.slots == 5
+
+
+def test_a_call_beyond_the_slots_waits_for_our_first_answer_to_end() -> None:
+    backlog = Backlog()
+    backlog.scraped(None, running=2, waiting=1)
+    assert backlog.slots == 2
+    backlog.rates.per_output = 0.1
+    early, late = call(1, 0), call(2, 0)  # each asks for 10 tokens: 1 s of decoding
+    for c in (early, late):
+        c.first_byte_at = c.dispatched_at
+        backlog.admit(c)
+    late.first_byte_at = early.first_byte_at + 0.5  # half a second further from its end
+    wait = backlog.load(waiting=0, running=2, kv_usage=0.0).slot_wait
+    now_after_early = time.perf_counter() - early.first_byte_at
+    assert wait == pytest.approx(1.0 - now_after_early, abs=0.05)
+    backlog.release(early)
+    assert backlog.load(waiting=0, running=1, kv_usage=0.0).slot_wait == 0.0

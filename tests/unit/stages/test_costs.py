@@ -3,7 +3,15 @@ import random
 
 import pytest
 
-from gateway.stages.costs import PRIOR_PER_TOKEN, Load, Rates, Streams, cost, evicted
+from gateway.stages.costs import (
+    PRIOR_PER_TOKEN,
+    Load,
+    Rates,
+    Streams,
+    cost,
+    evicted,
+    slot_wait,
+)
 
 
 def test_rates_start_at_the_priors() -> None:
@@ -102,3 +110,31 @@ def test_cost_adds_the_later_calls_queueing_and_eviction() -> None:
     reused = Rates(hit_share=0.8)
     written = cost(reused, Load(full=0.5), 100, 0, 0, 0) - cost(reused, Load(), 100, 0, 0, 0)
     assert written == pytest.approx(reused.per_token * 100 * 0.5 * 0.8)
+
+
+def test_no_slot_wait_while_a_slot_is_free_or_the_count_unknown() -> None:
+    assert slot_wait([3.0, 2.0], [], slots=3) == 0.0
+    assert slot_wait([3.0, 2.0, 1.0], [5.0], slots=0) == 0.0
+
+
+def test_a_call_beyond_the_slots_waits_for_the_first_running_answer_to_end() -> None:
+    assert slot_wait([3.0, 2.0, 1.0], [], slots=3) == 1.0
+
+
+def test_calls_queued_ahead_take_the_slots_that_free_first() -> None:
+    # Slots free at 1 and 2; the two queued ahead take them until 1 + 4 and 2 + 0.5.
+    assert slot_wait([1.0, 2.0], [4.0, 0.5], slots=2) == 2.5
+
+
+def test_the_slot_wait_weighs_where_a_conversation_starts_not_its_later_turns() -> None:
+    full = Load(slot_wait=1.5)
+    assert cost(Rates(), full, 100, 0, 0, 0) - cost(Rates(), Load(), 100, 0, 0, 0) == 1.5
+    assert cost(Rates(), full, 100, 0, 0, 0, starts=False) == cost(Rates(), Load(), 100, 0, 0, 0)
+
+
+def test_the_decode_pace_is_learned_and_sets_how_long_a_call_holds_its_slot() -> None:
+    rates = Rates()
+    for _ in range(50):
+        rates.decoded(0.05)
+    assert rates.per_output == pytest.approx(0.05)
+    assert rates.hold(0, 100) == pytest.approx(rates.overhead + 5.0)

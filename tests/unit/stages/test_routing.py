@@ -367,3 +367,22 @@ def test_backends_that_differ_by_estimate_noise_share_new_conversations() -> Non
         for a in range(40)
     )
     assert picks == Counter({"b0": 20, "b1": 20})
+
+
+def test_a_new_conversation_avoids_full_slots_and_its_later_turns_stay_home(
+    policy: CacheAware,
+) -> None:
+    full = [
+        Candidate("b0", True, 8, ahead=Load(slot_wait=1.0)),
+        Candidate("b1", True, 2, ahead=Load()),
+    ]
+    start = policy.choose("m", key(4, anchor=7), {"b0": 4, "b1": 4}, full)
+    assert start.backend == "b1"
+    assert start.expected_ttft == pytest.approx(Rates().ttft(0, 0))
+    held = [
+        Candidate("b0", True, 2, ahead=Load()),
+        Candidate("b1", True, 8, ahead=Load(slot_wait=1.0)),
+    ]
+    later = policy.choose("m", key(40, anchor=7), {"b0": 4, "b1": 40}, held)
+    assert later.backend == "b1"
+    assert later.slot_wait == 1.0
