@@ -20,6 +20,7 @@ import contextlib
 import logging
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 from urllib.parse import urlsplit
@@ -126,9 +127,13 @@ class BackendPool:
         models: list[ModelSettings],
         upstream: UpstreamSettings,
         metrics: GatewayMetrics,
+        on_capacity: Callable[[str, int], None] = lambda backend, tokens: None,
     ) -> None:
+        """``on_capacity``: told each backend's KV capacity in tokens whenever a scrape
+        reports it (the prefix index bounds the backend's handles by it)."""
         self._settings = upstream
         self._metrics = metrics
+        self._on_capacity = on_capacity
         self.backends: dict[str, Backend] = {}
         self.models: dict[str, Model] = {}
         for m in models:
@@ -303,7 +308,10 @@ class BackendPool:
         backend.running = int(load.get("vllm:num_requests_running", 0))
         backend.kv_usage = load.get("vllm:kv_cache_usage_perc", 0.0)
         backend.own_at_scrape = backend.in_flight
-        backend.backlog.scraped(kv_capacity_tokens(text), backend.running, backend.waiting)
+        capacity = kv_capacity_tokens(text)
+        backend.backlog.scraped(capacity, backend.running, backend.waiting)
+        if capacity:
+            self._on_capacity(backend.name, capacity)
 
 
 ENGINE_GAUGES = ("vllm:num_requests_waiting", "vllm:num_requests_running",

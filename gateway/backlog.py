@@ -13,18 +13,15 @@ import time
 from dataclasses import dataclass, field
 
 from gateway.flow import Call
-from gateway.stages.costs import MEMORY, Load, Rates, slot_wait
-
-UNKNOWN_CAPACITY_TOKENS = 1 << 22
-"""Assumed when a backend does not say (no ``vllm:cache_config_info``) and no setting
-does: more than one vLLM instance's KV cache holds (about 4M tokens)."""
+from gateway.index.base import UNKNOWN_CAPACITY_TOKENS
+from gateway.stages.costs import Load, Rates, blend, slot_wait
 
 
 @dataclass(slots=True, eq=False)
 class Backlog:
     rates: Rates = field(default_factory=Rates)
     capacity_tokens: int = 0
-    """KV capacity: ``num_gpu_blocks x block_size`` from the engine, else the setting."""
+    """KV capacity: ``num_gpu_blocks x block_size`` from the engine; 0 until it says."""
     written_tokens: float = 0.0
     """Prompt tokens our calls have had the backend prefill into its cache."""
     busy: float = 0.0
@@ -47,6 +44,9 @@ class Backlog:
     """Each of our calls in flight there (by id) and its share of ``kv_tokens``."""
     _calls: dict[str, Call] = field(default_factory=dict)
     """Our calls in flight there, in the order the engine got them."""
+    _sampled: int = 0
+    """Routing decisions ``busy`` averages over (exactly for the first, see ``blend``)."""
+    _sampled_slots: int = 0
 
     def scraped(self, capacity_tokens: int | None, running: int = 0, waiting: int = 0) -> None:
         """The engine answered a scrape: note its capacity, its sequence slots, and how
@@ -117,14 +117,15 @@ class Backlog:
         pending = self.pending(now)
         ours = sum(c.route.uncached_tokens for c in pending if c.route is not None)
         theirs = max(waiting - self.pending_at_scrape, 0) * self.rates.uncached_per_call
-        keep = 1.0 - 1.0 / MEMORY
-        self.busy = keep * self.busy + (1 - keep) * (ours > 0)
+        self.busy = blend(self.busy, ours > 0, self._sampled)
+        self._sampled += 1
         capacity = self.capacity_tokens or UNKNOWN_CAPACITY_TOKENS
         free = max(min(capacity - self.kv_tokens, capacity * (1 - kv_usage)), 0.0)
         others = max(running - len(self._calls), 0)
         if self.slots:
             taken = min((len(self._calls) + others) / self.slots, 1.0)
-            self.occupied = keep * self.occupied + (1 - keep) * taken
+            self.occupied = blend(self.occupied, taken, self._sampled_slots)
+            self._sampled_slots += 1
         return Load(
             queued_tokens=ours + theirs,
             running=max(running, len(self._held)),

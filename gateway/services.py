@@ -75,7 +75,7 @@ class Services:
             upstream = Upstream(settings.upstream, metrics if settings.metrics_enabled else None)
             await upstream.start()
             stack.push_async_callback(upstream.aclose)
-            backends = BackendPool(settings.models, settings.upstream, metrics)
+            backends = BackendPool(settings.models, settings.upstream, metrics, index.bound)
             await backends.start()
             stack.push_async_callback(backends.aclose)
             batcher = Batcher(settings.batching)

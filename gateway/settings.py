@@ -124,9 +124,6 @@ class RoutingSettings(Section):
     session_affinity: bool = True
     """A session key (x-session-id, prompt_cache_key, user) pins its calls to one backend
     while that costs no more than a prefill of the prompt (see gateway.stages.routing)."""
-    backend_cache_tokens: int = Field(0, ge=0)
-    """KV-cache capacity of one backend in gateway tokens; 0 = unknown (assumed 4M tokens).
-    The index forgets a backend's least recently used handles beyond it."""
 
 
 class RedisSettings(Section):

@@ -3,9 +3,9 @@
 A *handle* says "backend B holds the KV cache of block hash H of model M, last used at t".
 Because block hashes chain, holding hash *i* means holding the prompt's first *i + 1*
 blocks, so a lookup answers with a number of leading blocks per backend. Handles expire
-``handle_ttl`` seconds after their last use, and a backend with a known cache size keeps
-only its most recently used handles (deepest blocks of the oldest prompts go first, as
-vLLM evicts them).
+``handle_ttl`` seconds after their last use, and a backend keeps only as many of its most
+recently used handles as its KV cache holds blocks, as the engine reports it (deepest
+blocks of the oldest prompts go first, as vLLM evicts them).
 """
 
 from __future__ import annotations
@@ -13,17 +13,27 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from gateway.settings import PrefixSettings, RoutingSettings
-
 UNKNOWN_CAPACITY_TOKENS = 1 << 22
-"""Assumed when ``backend_cache_tokens`` is unset: more than one vLLM instance's KV cache
+"""Assumed until a backend reports its KV capacity: more than one vLLM instance's KV cache
 holds (about 4M tokens), yet a bound on the index's memory per backend."""
 
 
-def capacity_blocks(routing: RoutingSettings, prefix: PrefixSettings) -> int:
-    """Handles one backend can hold."""
-    tokens = routing.backend_cache_tokens or UNKNOWN_CAPACITY_TOKENS
-    return max(tokens // prefix.block_size, 1)
+class Capacities:
+    """Handles each backend may keep: its KV capacity in the index's blocks."""
+
+    def __init__(self, block_size: int) -> None:
+        self._block_size = block_size
+        self._blocks: dict[str, int] = {}
+        self._unknown = self.blocks_of(UNKNOWN_CAPACITY_TOKENS)
+
+    def bound(self, backend: str, tokens: int) -> None:
+        self._blocks[backend] = self.blocks_of(tokens)
+
+    def blocks_of(self, tokens: int) -> int:
+        return max(tokens // self._block_size, 1)
+
+    def __getitem__(self, backend: str) -> int:
+        return self._blocks.get(backend, self._unknown)
 
 
 class PrefixIndex(Protocol):
@@ -49,6 +59,11 @@ class PrefixIndex(Protocol):
 
     def record(self, model: str, backend: str, hashes: Sequence[int]) -> None:
         """Note that backend now holds these blocks (renewing them); queued, never blocks."""
+        ...
+
+    def bound(self, backend: str, tokens: int) -> None:
+        """The backend's KV cache holds ``tokens`` (``vllm:cache_config_info``'s blocks x
+        block size): keep no more of its handles than that from its next record on."""
         ...
 
     def forget(self, model: str, backend: str, hashes: Sequence[int], keep_blocks: int) -> None:

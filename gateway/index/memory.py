@@ -6,7 +6,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
-from gateway.index.base import capacity_blocks
+from gateway.index.base import Capacities
 from gateway.settings import PrefixSettings, RoutingSettings
 
 
@@ -20,7 +20,7 @@ class MemoryIndex:
         clock: Callable[[], int] = lambda: time.monotonic_ns() // 1000,
     ) -> None:
         self._ttl = int(routing.handle_ttl * 1_000_000)
-        self._capacity = capacity_blocks(routing, prefix)
+        self._capacity = Capacities(prefix.block_size)
         self._clock = clock
         self._held: dict[str, dict[str, OrderedDict[int, int]]] = {}
         """model -> backend -> block hash -> last use (µs), least recently used first."""
@@ -55,7 +55,10 @@ class MemoryIndex:
         for i in range(len(hashes) - 1, -1, -1):
             held[hashes[i]] = now - i
             held.move_to_end(hashes[i])
-        self._trim(held, now)
+        self._trim(held, now, self._capacity[backend])
+
+    def bound(self, backend: str, tokens: int) -> None:
+        self._capacity.bound(backend, tokens)
 
     def forget(self, model: str, backend: str, hashes: Sequence[int], keep_blocks: int) -> None:
         held = self._held.get(model, {}).get(backend)
@@ -66,13 +69,13 @@ class MemoryIndex:
     async def size(self) -> int:
         now = self._clock()
         for backends in self._held.values():
-            for held in backends.values():
-                self._trim(held, now)
+            for backend, held in backends.items():
+                self._trim(held, now, self._capacity[backend])
         return sum(len(held) for backends in self._held.values() for held in backends.values())
 
-    def _trim(self, held: OrderedDict[int, int], now: int) -> None:
+    def _trim(self, held: OrderedDict[int, int], now: int, capacity: int) -> None:
         """Drop expired handles, then the least recently used beyond the capacity."""
-        excess = len(held) - self._capacity
+        excess = len(held) - capacity
         while held:
             h, last_use = next(iter(held.items()))
             if last_use >= now - self._ttl and excess <= 0:

@@ -30,7 +30,7 @@ from typing import Any
 from redis.asyncio import Redis, RedisCluster
 from redis.exceptions import RedisError
 
-from gateway.index.base import capacity_blocks
+from gateway.index.base import Capacities
 from gateway.settings import PrefixSettings, RedisSettings, RoutingSettings
 
 log = logging.getLogger(__name__)
@@ -132,7 +132,7 @@ class RedisIndex:
         self._client = client
         self._root = f"{redis.key_prefix}px:"
         self._ttl = int(routing.handle_ttl * 1_000_000)
-        self._capacity = capacity_blocks(routing, prefix)
+        self._capacity = Capacities(prefix.block_size)
         self._queue: asyncio.Queue[Update] = asyncio.Queue(redis.queue_size)
         self._lookup = client.register_script(LOOKUP)
         self._record = client.register_script(RECORD)
@@ -178,6 +178,9 @@ class RedisIndex:
     def record(self, model: str, backend: str, hashes: Sequence[int]) -> None:
         if hashes:
             self._put(("record", model, backend, [hexa(h) for h in hashes]))
+
+    def bound(self, backend: str, tokens: int) -> None:
+        self._capacity.bound(backend, tokens)
 
     def forget(self, model: str, backend: str, hashes: Sequence[int], keep_blocks: int) -> None:
         drop = hashes[max(keep_blocks, 0) :]
@@ -247,7 +250,7 @@ class RedisIndex:
         base = self._base(model)
         held = f"{base}held:{backend}"
         if kind == "record":
-            args = [backend, self._ttl, self._capacity, *hashes]
+            args = [backend, self._ttl, self._capacity[backend], *hashes]
             await self._record(keys=[held, base + "backends"], args=args, client=client)
         else:
             await client.zrem(held, *hashes)

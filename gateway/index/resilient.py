@@ -74,6 +74,10 @@ class ResilientIndex:
         if not self._open:
             self._shared.record(model, backend, hashes)
 
+    def bound(self, backend: str, tokens: int) -> None:
+        self._local.bound(backend, tokens)
+        self._shared.bound(backend, tokens)
+
     def forget(self, model: str, backend: str, hashes: Sequence[int], keep_blocks: int) -> None:
         self._local.forget(model, backend, hashes, keep_blocks)
         if not self._open:

@@ -78,6 +78,7 @@ class Rates:
     per_output: float = PRIOR_PER_OUTPUT
     """Seconds between a sequence's generated tokens there (its decode step)."""
     decodes: int = 0
+    reports: int = 0
     observations: int = 0
     _xx: list[list[float]] = field(default_factory=lambda: [[0.0] * 3 for _ in range(3)])
     _xy: list[float] = field(default_factory=lambda: [0.0] * 3)
@@ -123,10 +124,11 @@ class Rates:
     def served(self, cached_share: float, uncached_tokens: float, completion_tokens: int) -> None:
         """What the backend reported for a call: the share of the prompt its cache served,
         the prompt tokens it prefilled and how long the answer was."""
-        keep = 1.0 - 1.0 / MEMORY
-        self.hit_share = keep * self.hit_share + (1 - keep) * cached_share
-        self.uncached_per_call = keep * self.uncached_per_call + (1 - keep) * uncached_tokens
-        self.completion_per_call = keep * self.completion_per_call + (1 - keep) * completion_tokens
+        seen = self.reports
+        self.hit_share = blend(self.hit_share, cached_share, seen)
+        self.uncached_per_call = blend(self.uncached_per_call, uncached_tokens, seen)
+        self.completion_per_call = blend(self.completion_per_call, completion_tokens, seen)
+        self.reports += 1
 
     def _fit(self) -> None:
         prior = (PRIOR_OVERHEAD, PRIOR_PER_TOKEN, PRIOR_PER_RUNNING)

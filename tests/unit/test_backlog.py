@@ -44,7 +44,9 @@ def test_capacity_comes_from_the_engine_and_running_calls_take_their_share() -> 
     backlog = Backlog()
     backlog.scraped(1000)
     assert backlog.capacity_tokens == 1000
-    backlog.admit(call(1, 600))  # 600 to prefill + 10 asked: 610 of 1,000 its own
+    first = call(1, 600)  # 600 prefilled + 10 asked: 610 of 1,000 its own
+    first.first_byte_at = first.dispatched_at  # decoding: no prefill queued
+    backlog.admit(first)
     load = backlog.load(waiting=0, running=1, kv_usage=0.2)
     assert (load.free_tokens, load.utilization) == (pytest.approx(390), pytest.approx(0.61))
     assert backlog.load(waiting=0, running=1, kv_usage=0.8).free_tokens == pytest.approx(200)
@@ -53,6 +55,14 @@ def test_capacity_comes_from_the_engine_and_running_calls_take_their_share() -> 
     assert backlog.load(waiting=0, running=2, kv_usage=0.0).full == 1.0
     backlog.scraped(None)  # an engine that stops saying keeps what it said
     assert backlog.capacity_tokens == 1000
+
+
+def test_busy_is_the_share_of_decisions_that_found_our_prefill_queued_from_the_first() -> None:
+    backlog = Backlog()
+    backlog.admit(call(1, 300))
+    assert backlog.load(waiting=0, running=1, kv_usage=0.0).utilization == 1.0
+    backlog.release(call(1, 300))
+    assert backlog.load(waiting=0, running=0, kv_usage=0.0).utilization == 0.5
 
 
 def test_the_slot_count_is_the_peak_running_once_calls_waited_at_it() -> None:

@@ -15,9 +15,9 @@ A = list(range(1, 30))
 async def test_lookups_records_and_capacity_on_a_cluster(cluster: list[RedisProcess]) -> None:
     settings = Settings(
         redis={"url": f"redis://127.0.0.1:{cluster[0].port}/0", "cluster": True},
-        routing={"backend_cache_tokens": 20 * 16},
     )  # type: ignore[arg-type]
     index = open_index(settings)
+    index.bound("b0", 20 * 16)
     await index.start()
     try:
         for model in MODELS:

@@ -94,7 +94,8 @@ async def test_handles_expire_unless_renewed(make: MakeIndex) -> None:
 
 
 async def test_capacity_evicts_the_least_recently_used_tails_first(make: MakeIndex) -> None:
-    index = await started(make(backend_cache_tokens=10 * 16))
+    index = await started(make())
+    index.bound("b0", 10 * 16)
     index.record("m", "b0", A)
     await index.flush()
     index.record("m", "b0", B)
@@ -110,7 +111,8 @@ async def test_capacity_evicts_the_least_recently_used_tails_first(make: MakeInd
 
 
 async def test_a_renewed_prefix_outlives_its_own_tail(make: MakeIndex) -> None:
-    index = await started(make(backend_cache_tokens=8 * 16))
+    index = await started(make())
+    index.bound("b0", 8 * 16)
     index.record("m", "b0", A)
     await index.flush()
     index.record("m", "b0", [*A[:3], *B[:5]])
