@@ -21,9 +21,12 @@ from __future__ import annotations
 import asyncio
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from gateway.limits.base import ALLOW, WINDOW, Bucket, Budget, Plan, Verdict
+
+if TYPE_CHECKING:
+    from gateway.limits.lua import Granted
 
 SHARE = 4
 """A grant's extra is at most 1/SHARE of what the bucket holds after the call's own cost."""
@@ -128,16 +131,36 @@ class SpendView:
 
 
 @dataclass(slots=True)
+class BucketLease:
+    """One of a plan's buckets as the Redis limiter works with it."""
+
+    key: str
+    """The bucket's Redis key."""
+    bucket: Bucket
+    lease: Lease
+    tokens: bool
+    """It counts tokens (else requests)."""
+
+
+@dataclass(slots=True)
+class BudgetView:
+    """One of a plan's budgets as the Redis limiter works with it."""
+
+    key: str
+    """The Redis key of the spend counter the budget reads."""
+    budget: Budget
+    view: SpendView
+
+
+@dataclass(slots=True)
 class Shape:
     """A plan as the Redis limiter works with it."""
 
     plan: Plan
-    buckets: tuple[tuple[str, Bucket, bool, Lease], ...]
-    """Per bucket: its key, itself, whether it counts tokens (else requests), its lease."""
-    budgets: tuple[tuple[str, Budget, SpendView], ...]
-    """Per budget: the key of the counter it reads, itself, and the counter's view."""
-    tpm: tuple[tuple[str, Lease], ...]
-    """The token buckets' keys and leases."""
+    buckets: tuple[BucketLease, ...]
+    budgets: tuple[BudgetView, ...]
+    token_leases: tuple[Lease, ...]
+    """The token buckets' leases (a call's tokens are settled against them)."""
     spend: tuple[SpendView, ...]
     """The budgets' views, as the hot path reads them."""
     spend_keys: tuple[str, ...]
@@ -172,29 +195,43 @@ class Shape:
         leases themselves, as before."""
         calls = tokens = UNLIMITED
         until = math.inf
-        for _, _, tokens_kind, lease in self.buckets:
-            share = min(lease.held, lease.target // POCKET)
-            if tokens_kind:
+        for b in self.buckets:
+            share = min(b.lease.held, b.lease.target // POCKET)
+            if b.tokens:
                 tokens = min(tokens, share)
             else:
                 calls = min(calls, share)
-            until = min(until, lease.expires)
-        for _, _, view in self.budgets:
-            until = min(until, view.read_at + period)
+            until = min(until, b.lease.expires)
+        for v in self.budgets:
+            until = min(until, v.view.read_at + period)
         if calls <= 0 or tokens <= 0 or until <= now:
             return
-        for _, _, tokens_kind, lease in self.buckets:
-            lease.held -= tokens if tokens_kind else calls
+        for b in self.buckets:
+            b.lease.held -= tokens if b.tokens else calls
         self.calls, self.tokens, self.until = calls, tokens, until
         self.refresh_at = until - period / 2
 
     def empty(self) -> None:
         """Put the pocket back into the leases it came from."""
         if self.until > -math.inf:
-            for _, _, tokens_kind, lease in self.buckets:
-                lease.held += self.tokens if tokens_kind else self.calls
+            for b in self.buckets:
+                b.lease.held += self.tokens if b.tokens else self.calls
         self.calls = self.tokens = 0
         self.until = -math.inf
+
+
+@dataclass(slots=True)
+class Take:
+    """What a grant asks of one bucket."""
+
+    need: int
+    """Units the call needs from Redis (its cost less what its lease covered)."""
+    extra: int
+    """Units asked for beyond that, to top the lease up (granted as far as there is room)."""
+    give: int
+    """Units the lease held past its life, going back to the bucket."""
+    took: int
+    """Units of the call's cost taken from the lease (back to it if the call is refused)."""
 
 
 @dataclass(slots=True)
@@ -202,15 +239,8 @@ class Ask:
     """One grant on its way: for a call (``done`` set) or a top-up (no one waits)."""
 
     shape: Shape
-    done: asyncio.Future[Any] | None
-    buckets: list[tuple[int, int, int, int]] = field(default_factory=list)
-    """Per bucket: (need from Redis, extra, give back, taken from the lease)."""
-
-    def render(self) -> str:
-        """GRANT's one argument: "n", then "limit,need,extra,give" per bucket, then the
-        budgets' limits."""
-        nums = [len(self.buckets)]
-        for b, (need, more, give, _) in zip(self.shape.plan.buckets, self.buckets, strict=True):
-            nums += (b.limit, need, more, give)
-        nums += [budget.limit for budget in self.shape.plan.budgets]
-        return ",".join(map(str, nums))
+    done: asyncio.Future[Granted] | None
+    takes: list[Take] = field(default_factory=list)
+    """One per bucket of the plan, in its order."""
+    marks: list[int] = field(default_factory=list)
+    """Each budget view's ``own`` when the grant was sent (its read includes that)."""

@@ -7,7 +7,12 @@ reply comes back as one (a fraction of redis-py's work for a dozen numbers).
 
 from __future__ import annotations
 
-from gateway.limits.lease import SHARE
+from dataclasses import dataclass
+
+from gateway.limits.lease import SHARE, Ask
+
+OK, BUCKET, BUDGET = 0, 1, 2
+"""GRANT's answer: the call passes, or which kind of thing refused it."""
 
 NOW = """
 local t = redis.call('TIME')
@@ -84,6 +89,63 @@ return table.concat(out, ',')
 """
 )
 
+
+def grant_args(ask: Ask) -> str:
+    """GRANT's one argument: "n", then "limit,need,extra,give" per bucket, then the
+    budgets' limits."""
+    plan = ask.shape.plan
+    nums = [len(ask.takes)]
+    for bucket, take in zip(plan.buckets, ask.takes, strict=True):
+        nums += (bucket.limit, take.need, take.extra, take.give)
+    nums += [budget.limit for budget in plan.budgets]
+    return ",".join(map(str, nums))
+
+
+@dataclass(slots=True, frozen=True)
+class BucketGrant:
+    """One bucket in GRANT's answer."""
+
+    units: int
+    """Extra units granted to the lease (beyond the call's own cost)."""
+    remaining: int
+    """Room left in the bucket after the grant."""
+    reset: float
+    """Seconds until the bucket is full again."""
+
+
+@dataclass(slots=True, frozen=True)
+class Granted:
+    """GRANT's answer, parsed."""
+
+    code: int
+    """OK, or what refused the call: BUCKET or BUDGET."""
+    which: int
+    """The refusing bucket's or budget's index in the plan."""
+    wait: float | None
+    """Seconds until the refusing bucket has room; None if the call never fits."""
+    buckets: tuple[BucketGrant, ...]
+    spend: tuple[int, ...]
+    """Each budget's counter, as the script read it."""
+
+
+def parse_grant(reply: bytes, buckets: int) -> Granted:
+    """GRANT's reply (the comment above GRANT), for a plan with ``buckets`` buckets."""
+    nums = [int(x) for x in reply.split(b",")]
+    code, which, wait = nums[:3]
+    end = 3 + 3 * buckets
+    grants = tuple(
+        BucketGrant(units, remaining, reset / 1e6)
+        for units, remaining, reset in zip(nums[3:end:3], nums[4:end:3], nums[5:end:3], strict=True)
+    )
+    return Granted(
+        code=code,
+        which=which - 1,
+        wait=None if wait < 0 else wait / 1e6,
+        buckets=grants,
+        spend=tuple(nums[end:]),
+    )
+
+
 # KEYS: k buckets, then spend counters. ARGV: k, then "amount, limit" per bucket (amount:
 # units to charge, negative to give back), then units of spend, then a TTL per counter.
 SETTLE = (
@@ -105,6 +167,24 @@ if units ~= '0' then
 end
 """
 )
+
+
+def settle_args(charges: list[Charge], units: int, ttls: list[int]) -> list[int]:
+    """SETTLE's ARGV, for a settle's charges, spend and its counters' TTLs."""
+    args = [len(charges)]
+    for charge in charges:
+        args += (charge.amount, charge.limit)
+    return [*args, units, *ttls]
+
+
+@dataclass(slots=True)
+class Charge:
+    """Units a settle adds to one bucket (negative: gives back)."""
+
+    key: str
+    amount: int
+    limit: int
+
 
 # KEYS: the replicas' registrations (a sorted set: replica id -> Redis time, µs). ARGV: this
 # replica's id, then how long a registration counts (µs). Reply: how many count now.

@@ -88,16 +88,16 @@ class Fallback:
         n = self.replicas
         taken = []
         buckets = []
-        for _, bucket, _, lease in shape.buckets:
-            share = replace(bucket, limit=max(bucket.limit // n, 1))
+        for b in shape.buckets:
+            share = replace(b.bucket, limit=max(b.bucket.limit // n, 1))
             buckets.append(share)
-            taken.append((share, share.limit - min(lease.remaining // n, share.limit)))
+            taken.append((share, share.limit - min(b.lease.remaining // n, share.limit)))
         spent = []
         budgets = []
-        for (_, budget, view), counter in zip(shape.budgets, plan.budgets, strict=True):
-            value = view.value()
-            budgets.append(replace(budget, limit=value + max(budget.limit - value, 0) // n))
-            spent.append((counter.counter, value))
+        for v in shape.budgets:
+            value = v.view.value()
+            budgets.append(replace(v.budget, limit=value + max(v.budget.limit - value, 0) // n))
+            spent.append((v.budget.counter, value))
         local = replace(plan, buckets=tuple(buckets), budgets=tuple(budgets))
         self._local.start_from(taken, spent)
         self._plans[id(plan)] = (plan, local)

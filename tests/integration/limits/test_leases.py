@@ -219,14 +219,14 @@ async def test_top_ups_ride_with_the_settles_so_a_busy_replica_makes_one_round_p
         lease_period=period, settle_interval=interval,
     )  # fmt: skip
     rounds = 0
-    run = lim._run
+    run = lim._sender._run
 
     async def counted(commands: list[tuple[str, list[str], list[object]]]) -> list[object]:
         nonlocal rounds
         rounds += 1
         return await run(commands)
 
-    lim._run = counted  # type: ignore[method-assign]
+    lim._sender._run = counted  # type: ignore[method-assign]
     await lim.start()
     try:
         counter = Counter("key", "k-" + uuid.uuid4().hex[:8], "d20261129")

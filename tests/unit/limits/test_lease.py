@@ -6,7 +6,15 @@ import math
 from datetime import UTC, datetime
 
 from gateway.limits.base import Bucket, Budget, Counter, Plan
-from gateway.limits.lease import POCKET, Lease, Shape, SpendView, target
+from gateway.limits.lease import (
+    POCKET,
+    BucketLease,
+    BudgetView,
+    Lease,
+    Shape,
+    SpendView,
+    target,
+)
 
 
 def test_a_lease_targets_a_second_of_refill_and_none_below_60_a_minute() -> None:
@@ -87,11 +95,12 @@ def shape_of(rpm: int, tpm: int, view: SpendView | None = None) -> Shape:
     return Shape(
         plan=Plan("t", buckets, budgets, (counter,)),
         buckets=tuple(
-            (b.kind, b, b.kind == "tokens", lease) for b, lease in zip(buckets, leases, strict=True)
+            BucketLease(b.kind, b, lease, tokens=b.kind == "tokens")
+            for b, lease in zip(buckets, leases, strict=True)
         ),
-        budgets=tuple(("spend", b, view) for b in budgets if view is not None),
-        tpm=(("tokens", leases[1]),),
-        spend=tuple((view, b.limit) for b in budgets if view is not None),
+        budgets=tuple(BudgetView("spend", b, view) for b in budgets if view is not None),
+        token_leases=(leases[1],),
+        spend=(view,) if view is not None else (),
         spend_keys=("spend",),
         period_ids=("d20261129",),
         grant_keys=[],
@@ -100,7 +109,7 @@ def shape_of(rpm: int, tpm: int, view: SpendView | None = None) -> Shape:
 
 def test_a_pocket_takes_an_eighth_of_each_lease_and_goes_back_whole() -> None:
     shape = shape_of(rpm=6000, tpm=60_000)  # targets 100 requests, 1,000 tokens
-    requests, tokens = (lease for *_, lease in shape.buckets)
+    requests, tokens = (b.lease for b in shape.buckets)
     shape.fill(now=0.1, period=1.0)
     assert (shape.calls, shape.tokens) == (100 // POCKET, 1_000 // POCKET)
     assert (requests.held, tokens.held) == (100 - 12, 1_000 - 125)
@@ -120,7 +129,7 @@ def test_no_pocket_from_a_lease_too_small_to_share_or_past_its_life() -> None:
     old = shape_of(rpm=6000, tpm=60_000)
     old.fill(now=1.0, period=1.0)
     assert old.until == -math.inf
-    assert all(lease.held == lease.target for *_, lease in old.buckets)
+    assert all(b.lease.held == b.lease.target for b in old.buckets)
 
 
 def test_a_pocket_lasts_no_longer_than_the_spend_views_and_refreshes_them_at_half_life() -> None:
