@@ -85,7 +85,9 @@ async def send(
     model = svc.backends.model(call.request.model)
     if endpoint != "embeddings":
         call.prefix = svc.prefix.key(call.request, model.encoding)
-    waiting = limits.admit(call, len(body), svc.limits, svc.settings.auth.ratelimit_headers)
+    waiting = limits.admit(
+        call, len(body), svc.limits, svc.plans, svc.settings.auth.ratelimit_headers
+    )
     if waiting is not None:  # the shared store must answer (most calls need not wait)
         await waiting
     payload = forward.upstream_body(call.request, model.upstream_name, body)

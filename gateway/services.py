@@ -42,6 +42,7 @@ class Services:
     ledger: Ledger
     keys: KeyRing
     limits: Limiter
+    plans: limits_stage.Plans
     batching: Batcher
     started_at: float
 
@@ -92,6 +93,7 @@ class Services:
                 ledger=ledger,
                 keys=keys,
                 limits=limits,
+                plans=limits_stage.Plans(),
                 batching=batcher,
                 started_at=time.time(),
             )

@@ -34,6 +34,7 @@ from gateway.limits.memory import MemoryLimiter
 from gateway.metrics import GatewayMetrics
 from gateway.services import Services
 from gateway.settings import load_settings
+from gateway.stages.limits import Plans
 from gateway.stages.prefix import PrefixHasher
 from gateway.stages.routing import make_policy
 from tests.unit import loopback
@@ -156,6 +157,7 @@ def services(steps: list[str], *answers: Answer | GatewayError) -> Any:
         ledger=Ledger(steps),  # type: ignore[arg-type]
         keys=Keys(),  # type: ignore[arg-type]
         limits=Limiter(steps),
+        plans=Plans(),
         batching=Batcher(settings.batching),
         started_at=0.0,
     )

@@ -138,9 +138,11 @@ def test_seeds_add_up_keys_into_their_teams() -> None:
     }
 
 
-async def admit(call: Call, body_bytes: int, limiter: MemoryLimiter, headers: bool) -> None:
+async def admit(
+    call: Call, body_bytes: int, limiter: MemoryLimiter, headers: bool, plans: limits.Plans
+) -> None:
     """As the pipeline calls it: await only what the stage hands back."""
-    waiting = limits.admit(call, body_bytes, limiter, headers)
+    waiting = limits.admit(call, body_bytes, limiter, plans, headers)
     if waiting is not None:
         await waiting
 
@@ -153,16 +155,16 @@ def _call(p: Principal) -> Call:
 
 
 async def test_a_principals_calls_share_one_plan_and_quota_per_day() -> None:
-    limiter, p = _limiter(), principal(rpm=10)
+    limiter, plans, p = _limiter(), limits.Plans(), principal(rpm=10)
     first, second = _call(p), _call(p)
-    await admit(first, 40, limiter, headers=False)
-    await admit(second, 400, limiter, headers=False)
+    await admit(first, 40, limiter, headers=False, plans=plans)
+    await admit(second, 400, limiter, headers=False, plans=plans)
     assert first.quota is not None
     assert second.quota is first.quota  # nothing built per call...
     assert (first.reserved_tokens, second.reserved_tokens) == (15, 105)  # ...but this
     tomorrow = _call(p)
     tomorrow.received_wall = first.received_wall + 86400
-    await admit(tomorrow, 40, limiter, headers=False)
+    await admit(tomorrow, 40, limiter, headers=False, plans=plans)
     assert tomorrow.quota is not None
     assert tomorrow.quota.plan is not first.quota.plan  # a new day, a new plan
     assert tomorrow.quota.plan == limits.plan_for(p, int(tomorrow.received_wall // 86400))
@@ -170,14 +172,14 @@ async def test_a_principals_calls_share_one_plan_and_quota_per_day() -> None:
 
 @pytest.mark.parametrize("headers", [True, False])
 async def test_a_served_call_carries_the_headers_unless_they_are_off(headers: bool) -> None:
-    limiter, p = _limiter(), principal(rpm=2)
+    limiter, plans, p = _limiter(), limits.Plans(), principal(rpm=2)
     served = _call(p)
-    await admit(served, 40, limiter, headers)
+    await admit(served, 40, limiter, headers, plans)
     assert served.quota is not None
     names = {name for name, _ in served.quota.headers}
     assert names == ({b"x-ratelimit-limit-requests", b"x-ratelimit-remaining-requests",
                       b"x-ratelimit-reset-requests"} if headers else set())  # fmt: skip
-    await admit(_call(p), 40, limiter, headers)
+    await admit(_call(p), 40, limiter, headers, plans)
     with pytest.raises(RateLimited) as refused:  # a refusal has them either way
-        await admit(_call(p), 40, limiter, headers)
+        await admit(_call(p), 40, limiter, headers, plans)
     assert refused.value.headers["x-ratelimit-remaining-requests"] == "0"

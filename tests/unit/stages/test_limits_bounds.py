@@ -8,11 +8,10 @@ from gateway.stages import limits
 
 
 def test_plans_are_kept_for_at_most_plans_principals() -> None:
-    day = 20_000
+    day, plans = 20_000, limits.Plans()
     for i in range(limits.PLANS + 100):
-        limits.plan_anew(Principal(key_id=f"key-{i}", team="eng", rpm=10), day)
-        assert len(limits._planned) <= limits.PLANS
-    limits._planned.clear()
+        plans.get(Principal(key_id=f"key-{i}", team="eng", rpm=10), day)
+        assert len(plans) <= limits.PLANS
 
 
 def test_header_memo_is_bounded() -> None:
