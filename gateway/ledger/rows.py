@@ -73,8 +73,6 @@ class Row(NamedTuple):
 
 _CUT = ("request_id", "key_id", "team", "model", "backend", "error_type", "client_request_id")
 _ID, _KEY, _TEAM, _MODEL, _BACKEND, _ERROR, _CLIENT_ID = (_LENGTHS[n] for n in _CUT)
-_new_row = tuple.__new__
-"""Builds a Row from a ready tuple in C (Row(...) runs a Python-level __new__)."""
 
 
 def _clamped(n: int) -> int:
@@ -97,36 +95,33 @@ def ledger_row(call: Call, cost: Cost, end_user_key: bytes = b"") -> Row:
     received, first_byte, done = call.received_at, call.first_byte_at, call.done_at
     client_id = call.client_request_id
     end_user = request.end_user if request else None
-    return _new_row(
-        Row,
-        (
-            call.id[:_ID],
-            call.received_wall,
-            key and key[:_KEY],
-            team and team[:_TEAM],
-            request.model[:_MODEL] if request else None,
-            route.backend[:_BACKEND] if route else None,
-            request.endpoint if request else "unknown",
-            request.stream if request else False,
-            min(max(call.status, 0), 32767),
-            error and error[:_ERROR],
-            route.decision if route else None,
-            call.served_by,
-            call.disconnected,
-            usage.estimated,
-            *counts,
-            cost.price_id,
-            cost.input,
-            cost.cached_input,
-            cost.cache_write,
-            cost.output,
-            cost.total,
-            cost.without_cache,
-            None if first_byte is None else first_byte - received,
-            None if done is None else done - received,
-            client_id and client_id[:_CLIENT_ID],
-            end_user and hash_end_user(end_user, end_user_key),
-        ),
+    return Row(
+        call.id[:_ID],
+        call.received_wall,
+        key and key[:_KEY],
+        team and team[:_TEAM],
+        request.model[:_MODEL] if request else None,
+        route.backend[:_BACKEND] if route else None,
+        request.endpoint if request else "unknown",
+        request.stream if request else False,
+        min(max(call.status, 0), 32767),
+        error and error[:_ERROR],
+        route.decision if route else None,
+        call.served_by,
+        call.disconnected,
+        usage.estimated,
+        *counts,
+        cost.price_id,
+        cost.input,
+        cost.cached_input,
+        cost.cache_write,
+        cost.output,
+        cost.total,
+        cost.without_cache,
+        None if first_byte is None else first_byte - received,
+        None if done is None else done - received,
+        client_id and client_id[:_CLIENT_ID],
+        end_user and hash_end_user(end_user, end_user_key),
     )
 
 

@@ -83,7 +83,7 @@ class Lease:
 
     def reconcile(self, tokens: int, now: float) -> int:
         """Settle a call's tokens against the lease; returns what Redis must still be told."""
-        if now >= self.expires:  # not live(): inlined, this runs on every call
+        if not self.live(now):
             return tokens
         if tokens < 0:  # a refund: held here up to the target, the rest goes back now
             keep = min(-tokens, max(self.target - self.held, 0))
@@ -119,15 +119,12 @@ class SpendView:
     """Every unit of spend this replica has settled to the counter."""
     limit: int = 0
     """The budget on the counter (set by the newest plan that reads it)."""
-    spent: bool = False
-    """``value() >= limit``, kept current as they change: the one thing a call reads (a
-    flag on one object, where adding up three big ints touched four)."""
 
     def value(self) -> int:
         return self.base + self.own - self.mark
 
-    def judge(self) -> None:
-        self.spent = self.value() >= self.limit
+    def spent(self) -> bool:
+        return self.value() >= self.limit
 
 
 @dataclass(slots=True)

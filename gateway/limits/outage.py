@@ -50,13 +50,13 @@ class Fallback:
         self._unavailable = Verdict(allowed=False, retry_after=retry_after)
         """The closed mode's answer: refused by nothing in particular (the stage's 503)."""
         self._local = MemoryLimiter(metrics)
-        self._plans: dict[int, tuple[Plan, Plan]] = {}
-        """id(shared plan) -> (the plan, its local share), for the outage under way."""
+        self._shares: dict[Plan, Plan] = {}
+        """Shared plan -> its local share, for the outage under way."""
 
     def begin(self) -> None:
         """An outage starts: the local shares start from what this replica knows now."""
         self._local = MemoryLimiter(self._metrics)
-        self._plans.clear()
+        self._shares.clear()
 
     def describe(self) -> str:
         """What the limits do now, for the log."""
@@ -80,11 +80,11 @@ class Fallback:
 
     def _share(self, shape: Shape) -> Plan:
         plan = shape.plan
-        known = self._plans.get(id(plan))
-        if known is not None and known[0] is plan:
-            return known[1]
-        if len(self._plans) >= PLANS:
-            self._plans.clear()
+        local = self._shares.get(plan)
+        if local is not None:
+            return local
+        if len(self._shares) >= PLANS:
+            self._shares.clear()
         n = self.replicas
         taken = []
         buckets = []
@@ -100,5 +100,5 @@ class Fallback:
             spent.append((v.budget.counter, value))
         local = replace(plan, buckets=tuple(buckets), budgets=tuple(budgets))
         self._local.start_from(taken, spent)
-        self._plans[id(plan)] = (plan, local)
+        self._shares[plan] = local
         return local

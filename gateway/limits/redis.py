@@ -87,7 +87,7 @@ class RedisLimiter:
         self.metrics = metrics
         self._fallback = Fallback(limits, settings.probe_interval, metrics)
         self._sender = Sender(client, settings, limits, metrics, self._fallback, self._sweep)
-        self._shapes: dict[int, Shape] = {}
+        self._shapes: dict[Plan, Shape] = {}
         self._leases: dict[str, Lease] = {}
         self._views: dict[str, SpendView] = {}
         """Bucket / counter key -> its lease / spend view; the shapes that use them keep
@@ -116,7 +116,7 @@ class RedisLimiter:
         now = time.monotonic()
         if now < shape.until and shape.calls > 0 and shape.tokens >= tokens:
             for view in shape.spend:
-                if view.spent:
+                if view.spent():
                     break
             else:
                 shape.calls -= 1
@@ -167,8 +167,7 @@ class RedisLimiter:
             shape.units_due += units
             for view in shape.spend:
                 view.own += units
-                if view.base + view.own - view.mark >= view.limit:  # judge(), inlined
-                    view.spent = True
+                if view.spent():
                     self._sender.urge()
         self._sender.owe(shape)
 
@@ -206,7 +205,7 @@ class RedisLimiter:
             age = now - b.view.read_at
             if age >= self._period:
                 return None
-            if b.view.spent:
+            if b.view.spent():
                 return Verdict(False, self._windows(shape), b.budget, None)
             stale = stale or age >= self._period / 2
         for b in shape.buckets:
@@ -285,14 +284,12 @@ class RedisLimiter:
         lease.held = 0
 
     def _shape(self, plan: Plan) -> Shape:
-        """The plan's keys, leases and views, built once per plan (key and day). Found by
-        identity: hashing a plan costs more than the rest of a local answer, and the stage
-        hands out the same Plan object for a key all day (the shape keeps it: its id stays)."""
-        shape = self._shapes.get(id(plan))
-        if shape is None or shape.plan is not plan:
+        """The plan's keys, leases and views, built once per plan (key and day)."""
+        shape = self._shapes.get(plan)
+        if shape is None:
             if len(self._shapes) >= SHAPES:
                 self._forget()
-            shape = self._shapes[id(plan)] = self._new_shape(plan)
+            shape = self._shapes[plan] = self._new_shape(plan)
         return shape
 
     def _new_shape(self, plan: Plan) -> Shape:
@@ -308,7 +305,6 @@ class RedisLimiter:
         )  # only counters with a budget have a view: the others are only ever written
         for v in budgets:
             v.view.limit = v.budget.limit
-            v.view.judge()
         return Shape(
             plan=plan,
             buckets=buckets,

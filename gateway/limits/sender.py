@@ -292,7 +292,6 @@ class Sender:
             b.lease.granted(grant.units, grant.remaining, grant.reset, now, self._period)
         for b, mark, spend in zip(ask.shape.budgets, ask.marks, granted.spend, strict=True):
             b.view.base, b.view.mark, b.view.read_at = spend, mark, now
-            b.view.judge()
         if ask.done is not None and not ask.done.done():
             ask.done.set_result(granted)
 

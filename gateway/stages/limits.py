@@ -44,9 +44,6 @@ from gateway.limits.base import (
     period_id,
 )
 
-_new_quota = tuple.__new__
-"""Builds a Quota from a ready tuple in C (Quota(...) runs a Python-level __new__)."""
-
 PLANS = 4096
 """Principals whose plan is kept (a key's principal is new after each key cache reload)."""
 
@@ -80,7 +77,7 @@ class Plans:
         if len(self._kept) >= self._size:
             self._kept.clear()
         plan = plan_for(p, day)
-        planned = self._kept[p] = Planned(day, plan, _new_quota(Quota, ((), plan)))
+        planned = self._kept[p] = Planned(day, plan, Quota((), plan))
         return planned
 
 
@@ -92,7 +89,7 @@ def admit(
     when decided here (the common call: no coroutine to build and await), else what to
     await while the store decides."""
     principal = call.principal
-    if principal is None or principal.key_id is None:  # .anonymous, inlined: every call
+    if principal is None or principal.anonymous:
         return None
     prefix, request = call.prefix, call.request
     assert request is not None
@@ -122,7 +119,7 @@ def _charge(
         raise refusal(verdict, reserved, limiter)
     call.reserved_tokens = reserved
     if headers:
-        call.quota = _new_quota(Quota, (raw_ratelimit_headers(verdict), planned.plan))
+        call.quota = Quota(raw_ratelimit_headers(verdict), planned.plan)
     else:
         call.quota = planned.quota
 
