@@ -30,10 +30,10 @@ if TYPE_CHECKING:
 
 SHARE = 4
 """A grant's extra is at most 1/SHARE of what the bucket holds after the call's own cost."""
-POCKET = 8
-"""A plan's pocket takes at most 1/POCKET of a lease's target from it."""
-UNLIMITED = 1 << 62
-"""A pocket's count of a kind the plan has no bucket for."""
+LAG = 8
+"""A verdict's headers may lag the leases by at most 1/LAG of a lease's target."""
+NO_LAG = 1 << 62
+"""The lag allowed in a kind the plan has no bucket of."""
 
 
 def target(limit: int) -> int:
@@ -97,11 +97,10 @@ class Lease:
         """What to ask for beyond the call's cost, to top the lease up to its target."""
         return max(self.target - self.held, 0)
 
-    def window(self, pocket: int = 0) -> tuple[int, float]:
+    def window(self) -> tuple[int, float]:
         """(remaining, reset) as the headers show them: the bucket as if the lease were spent
-        back into it (what the bucket held at the last grant plus what is still held here,
-        ``pocket`` being what a plan took from the lease and holds itself)."""
-        held = self.held + max(min(pocket, self.limit), 0)
+        back into it (what the bucket held at the last grant plus what is still held here)."""
+        held = self.held
         step = WINDOW / self.limit
         return min(self.remaining + held, self.limit), max(self.reset - held * step, 0.0)
 
@@ -172,49 +171,42 @@ class Shape:
     due: bool = False
     """...and whether the shape is on the sender's list (its leases may hold ``due`` too)."""
     verdict: Verdict = ALLOW
+    """The last verdict for the plan's calls, which the next ones may reuse (a verdict and
+    its headers cost more to build than the rest of a local answer)..."""
     verdict_at: float = -math.inf
-    """The last local verdict for the plan's calls, and when it was built."""
-    calls: int = 0
-    tokens: int = 0
-    until: float = -math.inf
-    refresh_at: float = math.inf
-    """The pocket: requests and tokens taken at once from each of the plan's leases (the
-    requests from every request bucket's, the tokens from every token bucket's), which
-    its calls spend before ``until`` with a look at nothing else but the budgets; from
-    ``refresh_at`` on, the first of them asks for the leases and views to be refreshed."""
+    calls_since: int = 0
+    tokens_since: int = 0
+    """...built then, and the requests and tokens its calls have taken since..."""
+    calls_lag: int = field(init=False)
+    tokens_lag: int = field(init=False)
+    """...and the most they may take (1/LAG of the smallest lease target of the kind)."""
 
-    def fill(self, now: float, period: float) -> None:
-        """Take a pocket from the leases: up to 1/POCKET of each one's target, valid as long
-        as every lease and spend view is (``until``), and worth refreshing them from the time
-        the first of them is half its life old (``refresh_at``), so the calls go on from the
-        pocket while the top-up is on its way. A lease too small to share (a target under
-        POCKET) leaves the pocket empty: near a limit every call is counted against the
-        leases themselves, as before."""
-        calls = tokens = UNLIMITED
-        until = math.inf
-        for b in self.buckets:
-            share = min(b.lease.held, b.lease.target // POCKET)
-            if b.tokens:
-                tokens = min(tokens, share)
-            else:
-                calls = min(calls, share)
-            until = min(until, b.lease.expires)
-        for v in self.budgets:
-            until = min(until, v.view.read_at + period)
-        if calls <= 0 or tokens <= 0 or until <= now:
-            return
-        for b in self.buckets:
-            b.lease.held -= tokens if b.tokens else calls
-        self.calls, self.tokens, self.until = calls, tokens, until
-        self.refresh_at = until - period / 2
+    def __post_init__(self) -> None:
+        self.calls_lag = min(
+            (b.lease.target // LAG for b in self.buckets if not b.tokens), default=NO_LAG
+        )
+        self.tokens_lag = min(
+            (b.lease.target // LAG for b in self.buckets if b.tokens), default=NO_LAG
+        )
 
-    def empty(self) -> None:
-        """Put the pocket back into the leases it came from."""
-        if self.until > -math.inf:
-            for b in self.buckets:
-                b.lease.held += self.tokens if b.tokens else self.calls
-        self.calls = self.tokens = 0
-        self.until = -math.inf
+    def remember(self, verdict: Verdict, now: float) -> Verdict:
+        self.verdict, self.verdict_at = verdict, now
+        self.calls_since = self.tokens_since = 0
+        return verdict
+
+    def reuse(self, tokens: int, now: float, fresh: float) -> Verdict | None:
+        """The last verdict, for a call that took ``tokens``, while its headers are close
+        to the truth: at most ``fresh`` seconds old, and its calls have taken at most
+        1/LAG of any lease's target since (None: build a new one)."""
+        self.calls_since += 1
+        self.tokens_since += tokens
+        if (
+            now - self.verdict_at >= fresh
+            or self.calls_since > self.calls_lag
+            or self.tokens_since > self.tokens_lag
+        ):
+            return None
+        return self.verdict
 
 
 @dataclass(slots=True)

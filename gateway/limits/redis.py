@@ -28,20 +28,15 @@ of the budget, which other replicas see that much later).
 Tokens refunded after a call stay in the lease up to its target (they were charged to
 the shared bucket), so a refund rarely costs a write; beyond it they go back.
 
-Within the replica a plan's calls spend from a *pocket* (lease.py: an eighth of each of
-its leases' targets, taken at once) and look at nothing but the plan's budgets; refunds go
-into the pocket. The first call past the half life of a lease or view asks for the top-up
-while the calls go on from the pocket; the pocket goes back to the leases when it is spent
-or too old, at the sweep after its leases' life, and at shutdown.
-
 One sender task (sender.py) talks to Redis: a pipeline per round carries the grants
 asked for since the last one and the settles waiting (settles.py); a call that needs a
 grant waits on its round.
 
-The x-ratelimit-* windows count what a replica holds as still in the bucket; a verdict is
-built when a plan's pocket is filled and serves the calls it pays for, for up to FRESH
-seconds (building the windows and headers cost more than the rest of a local answer), so
-the headers lag by at most a pocket: an eighth of a second of the bucket's refill.
+The x-ratelimit-* windows count what a replica holds as still in the bucket; a verdict
+serves the plan's next calls for up to FRESH seconds while they take at most an eighth of
+any of its leases' targets (building the windows and headers costs more than the rest of
+a local answer), so the headers lag by at most an eighth of a second of the bucket's
+refill.
 
 While Redis is unreachable (sender.py says when that is) calls get ``limits.on_outage``'s
 answer from outage.py; with local shares, what they cost is charged to the shared buckets
@@ -51,7 +46,6 @@ once Redis answers.
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from collections.abc import Iterable
 from datetime import UTC, datetime
@@ -67,7 +61,7 @@ from gateway.limits.sender import REDIS_ERRORS, Sender
 from gateway.settings import LimitsSettings, RedisSettings
 
 FRESH = 0.1
-"""Seconds a plan's verdict (and so its x-ratelimit-* headers) serves its pocket's calls."""
+"""Seconds a plan's verdict (and so its x-ratelimit-* headers) may serve its next calls."""
 SHAPES = 10_000
 """Plans whose key names are kept (one per active key and day); leases and spend views
 are bounded by the same number."""
@@ -105,29 +99,13 @@ class RedisLimiter:
         await self._sender.flush()
 
     def check(self, plan: Plan, tokens: int) -> Verdict | None:
-        """The answer from what this replica holds, or None when it takes a round trip.
-        Most calls spend from the plan's pocket and look at nothing but its budgets: one
-        function, as this runs on every call."""
+        """The answer from what this replica holds, or None when it takes a round trip."""
         if not (plan.buckets or plan.budgets):
             return ALLOW
         shape = self._shape(plan)
         if self._sender.down:
             return self._outage_verdict(shape, tokens)
-        now = time.monotonic()
-        if now < shape.until and shape.calls > 0 and shape.tokens >= tokens:
-            for view in shape.spend:
-                if view.spent():
-                    break
-            else:
-                shape.calls -= 1
-                shape.tokens -= tokens
-                if now >= shape.refresh_at:
-                    self._refresh(shape, now)
-                if now - shape.verdict_at >= FRESH:
-                    return self._fresh_verdict(shape, now)
-                return shape.verdict
-        shape.empty()
-        return self._from_leases(shape, tokens, now)
+        return self._from_leases(shape, tokens, time.monotonic())
 
     async def admit(self, plan: Plan, tokens: int) -> Verdict:
         verdict = self.check(plan, tokens)
@@ -142,7 +120,7 @@ class RedisLimiter:
             return self._outage_verdict(shape, tokens)
         verdict = self._verdict(shape, granted)
         if verdict.allowed:  # the freshest: the next local calls reuse it
-            shape.verdict, shape.verdict_at = verdict, time.monotonic()
+            shape.remember(verdict, time.monotonic())
         return verdict
 
     def settle(self, plan: Plan, tokens: int, units: int) -> None:
@@ -157,12 +135,9 @@ class RedisLimiter:
                     lease.due += tokens
             tokens = 0
         if tokens:
-            if shape.until > -math.inf and shape.tokens >= tokens:  # refunds: any size
-                shape.tokens -= tokens  # the pocket: taken from every token lease alike
-            else:
-                now = time.monotonic()
-                for lease in shape.token_leases:
-                    lease.due += lease.reconcile(tokens, now)
+            now = time.monotonic()
+            for lease in shape.token_leases:
+                lease.due += lease.reconcile(tokens, now)
         if units:
             shape.units_due += units
             for view in shape.spend:
@@ -198,8 +173,9 @@ class RedisLimiter:
     # -- the hot path: leases and spend views ------------------------------------------
 
     def _from_leases(self, shape: Shape, tokens: int, now: float) -> Verdict | None:
-        """The answer from the leases and views themselves (then a new pocket): a refusal,
-        a top-up when they run low or age, or None when only Redis can answer."""
+        """The answer from the leases and views: a refusal by a spent budget, a pass paid
+        from the leases (with a top-up when they run low or age), or None when only Redis
+        can answer."""
         stale = False
         for b in shape.budgets:
             age = now - b.view.read_at
@@ -209,28 +185,19 @@ class RedisLimiter:
                 return Verdict(False, self._windows(shape), b.budget, None)
             stale = stale or age >= self._period / 2
         for b in shape.buckets:
-            if b.lease.expires <= now or b.lease.held < (tokens if b.tokens else 1):
+            if not b.lease.live(now) or b.lease.held < b.bucket.cost(tokens):
                 return None
         low = stale  # spend views past half their life: refresh
         for b in shape.buckets:
-            b.lease.held -= tokens if b.tokens else 1
+            b.lease.held -= b.bucket.cost(tokens)
             low = b.lease.low(now, self._period) or low
-        if low:
-            self._refresh(shape, now)
-        shape.fill(now, self._period)
-        return self._fresh_verdict(shape, now)
-
-    def _refresh(self, shape: Shape, now: float) -> None:
-        """Top up the plan's leases and read its spend again (once until that lands)."""
-        shape.refresh_at = math.inf
-        if not shape.refreshing:
+        if low and not shape.refreshing:  # top up and read the spend again, once
             shape.refreshing = True
             self._ask(shape, 0, now, None)
-
-    def _fresh_verdict(self, shape: Shape, now: float) -> Verdict:
-        shape.verdict = Verdict(True, self._windows(shape))
-        shape.verdict_at = now
-        return shape.verdict
+        verdict = shape.reuse(tokens, now, FRESH)
+        if verdict is None:
+            verdict = shape.remember(Verdict(True, self._windows(shape)), now)
+        return verdict
 
     def _ask(
         self, shape: Shape, tokens: int, now: float, done: asyncio.Future[Granted] | None
@@ -251,11 +218,8 @@ class RedisLimiter:
         return ask
 
     def _windows(self, shape: Shape) -> tuple[Window, ...]:
-        """Each bucket as the headers show it (what the plan's pocket holds counted in)."""
-        return tuple(
-            Window(b.bucket, *b.lease.window(shape.tokens if b.tokens else shape.calls))
-            for b in shape.buckets
-        )
+        """Each bucket as the headers show it."""
+        return tuple(Window(b.bucket, *b.lease.window()) for b in shape.buckets)
 
     def _verdict(self, shape: Shape, granted: Granted) -> Verdict:
         windows = self._windows(shape)
@@ -272,9 +236,6 @@ class RedisLimiter:
         """Give back what aged out unspent (everything, if forced): every lease is looked
         at, so the sender does this at most twice a lease period."""
         now = time.monotonic()
-        for shape in self._shapes.values():  # pockets past their time: back to the leases
-            if force or shape.until <= now:
-                shape.empty()
         for key, lease in self._leases.items():
             if lease.held and not lease.asking and (force or not lease.live(now)):
                 self._give_back(key, lease)
@@ -320,10 +281,7 @@ class RedisLimiter:
         """The bucket's lease (a new one when its limit changed: the old one's units go back)."""
         lease = self._leases.get(key)
         if lease is None or lease.limit != limit:
-            if lease is not None:  # (rare) the old lease's units, pockets included, go back
-                for shape in self._shapes.values():
-                    shape.empty()
-            if lease is not None and lease.held:
+            if lease is not None and lease.held:  # (rare) the old lease's units go back
                 self._give_back(key, lease)
             lease = self._leases[key] = Lease(limit)
         return lease

@@ -12,7 +12,7 @@ import pytest
 
 from gateway.limits import Limiter
 from gateway.limits.base import Bucket, Budget, Counter, Plan, Seed
-from gateway.limits.lease import POCKET, target
+from gateway.limits.lease import LAG, target
 
 DAY = Counter("key", "k1", "d20261129")
 ENDS = datetime.now(UTC) + timedelta(days=1)
@@ -126,8 +126,8 @@ async def test_a_burst_up_to_a_leased_limit_passes_with_headers_counting_down(
     limiter: Limiter,
 ) -> None:
     """600 a minute: large enough that the Redis limiter serves most calls from leases.
-    Its headers may lag by up to a pocket's calls (one verdict serves the calls a pocket
-    pays for); the in-process limiter's are exact."""
+    Its headers may lag by an eighth of a lease's calls (one verdict serves the next calls
+    while they take that much); the in-process limiter's are exact."""
     t, started = team(), time.monotonic()
     rpm = Bucket("key", "requests", "k1", 600)
     p = plan(t, rpm)  # one object for all calls, as the limits stage hands out
@@ -135,7 +135,7 @@ async def test_a_burst_up_to_a_leased_limit_passes_with_headers_counting_down(
         v = await limiter.admit(p, 0)
         assert v.allowed
         refilled = math.ceil((time.monotonic() - started) * 10) + 1  # 10 a second
-        lag = target(600) // POCKET
+        lag = target(600) // LAG
         assert 600 - served <= v.windows[0].remaining <= 600 - served + refilled + lag
     extra = 0
     while (await limiter.admit(p, 0)).allowed:

@@ -91,7 +91,6 @@ async def test_a_grant_is_never_exceeded(redis_server_url: str, redis_prefix: st
 
 
 async def test_unused_units_go_back_at_shutdown(pair: list[RedisLimiter]) -> None:
-    """The lease's units and the plan's pocket (filled by the second call) alike."""
     holder, other = pair
     plan, started = rpm_plan(), time.monotonic()
     for _ in range(2):
@@ -171,11 +170,11 @@ async def test_the_settle_that_spends_a_budget_goes_at_once(
         await client.aclose()
 
 
-async def test_calls_from_a_pocket_refresh_the_spend_views_at_half_their_life(
+async def test_calls_from_the_leases_refresh_the_spend_views_at_half_their_life(
     redis_server_url: str, redis_prefix: str
 ) -> None:
-    """Calls keep coming from the pocket past half a period, and one of them has the spend
-    read again: the other replica's spend is in this one's view before the pocket ends."""
+    """Calls keep coming from the leases past half a period, and one of them has the spend
+    read again: the other replica's spend is in this one's view before the view ages out."""
     period = 1.0
     spender, other = limiters = [
         redis_limiter(redis_server_url, redis_prefix, CollectorRegistry(), lease_period=period)
@@ -188,13 +187,13 @@ async def test_calls_from_a_pocket_refresh_the_spend_views_at_half_their_life(
         budget = Budget(counter, 1_000, datetime.now(UTC) + timedelta(days=1))
         tag = "t-" + uuid.uuid4().hex[:8]
         plan = Plan(tag, (Bucket("key", "requests", "k", 60_000),), (budget,), (counter,))
-        assert (await spender.admit(plan, 0)).allowed  # reads the spend (0) and fills a pocket
+        assert (await spender.admit(plan, 0)).allowed  # reads the spend (0) and takes a lease
         started = time.monotonic()
         assert (await other.admit(plan, 0)).allowed
         other.settle(plan, 0, 500)
         await other.flush()  # the counter holds 500; the spender's view does not know yet
         # Past half life one call asks for the refresh; it goes within a quarter period
-        # (with the next settles, or alone by then) and lands before the pocket ends.
+        # (with the next settles, or alone by then) and lands before the view ages out.
         while time.monotonic() - started < 0.9 * period:
             assert (await spender.admit(plan, 0)).allowed
             await asyncio.sleep(0.02)

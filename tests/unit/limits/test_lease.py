@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import math
 from datetime import UTC, datetime
 
-from gateway.limits.base import Bucket, Budget, Counter, Plan
+from gateway.limits.base import Bucket, Budget, Counter, Plan, Verdict
 from gateway.limits.lease import (
-    POCKET,
+    LAG,
     BucketLease,
     BudgetView,
     Lease,
@@ -107,43 +106,22 @@ def shape_of(rpm: int, tpm: int, view: SpendView | None = None) -> Shape:
     )
 
 
-def test_a_pocket_takes_an_eighth_of_each_lease_and_goes_back_whole() -> None:
+def test_a_verdict_serves_the_next_calls_until_they_took_an_eighth_of_a_lease() -> None:
     shape = shape_of(rpm=6000, tpm=60_000)  # targets 100 requests, 1,000 tokens
-    requests, tokens = (b.lease for b in shape.buckets)
-    shape.fill(now=0.1, period=1.0)
-    assert (shape.calls, shape.tokens) == (100 // POCKET, 1_000 // POCKET)
-    assert (requests.held, tokens.held) == (100 - 12, 1_000 - 125)
-    assert (shape.until, shape.refresh_at) == (1.0, 0.5)  # the leases' life, half of it
-    shape.calls, shape.tokens = 2, 40  # spent: ten calls, 85 tokens
-    shape.empty()
-    assert (requests.held, tokens.held) == (90, 915)
-    assert (shape.calls, shape.tokens, shape.until) == (0, 0, -math.inf)
-    shape.empty()  # twice: nothing more
-    assert (requests.held, tokens.held) == (90, 915)
+    verdict = shape.remember(Verdict(True), now=0.0)
+    for _ in range(100 // LAG):  # twelve calls of ten tokens
+        assert shape.reuse(10, now=0.01, fresh=0.1) is verdict
+    assert shape.reuse(10, now=0.01, fresh=0.1) is None  # a thirteenth request: too far
+    shape.remember(verdict, now=0.0)
+    assert shape.reuse(1_000 // LAG, now=0.01, fresh=0.1) is verdict
+    assert shape.reuse(1, now=0.01, fresh=0.1) is None  # past an eighth of the tokens
 
 
-def test_no_pocket_from_a_lease_too_small_to_share_or_past_its_life() -> None:
-    small = shape_of(rpm=420, tpm=60_000)  # a target of 7 requests: every call counts on it
-    small.fill(now=0.1, period=1.0)
-    assert (small.calls, small.until) == (0, -math.inf)
-    old = shape_of(rpm=6000, tpm=60_000)
-    old.fill(now=1.0, period=1.0)
-    assert old.until == -math.inf
-    assert all(b.lease.held == b.lease.target for b in old.buckets)
-
-
-def test_a_pocket_lasts_no_longer_than_the_spend_views_and_refreshes_them_at_half_life() -> None:
-    shape = shape_of(rpm=6000, tpm=60_000, view=SpendView(read_at=0.2))
-    shape.fill(now=0.3, period=1.0)
-    assert (shape.until, shape.refresh_at) == (1.0, 0.5)  # the leases come first
-    shape = shape_of(rpm=6000, tpm=60_000, view=SpendView(read_at=-0.1))
-    shape.fill(now=0.3, period=1.0)
-    assert (shape.until, shape.refresh_at) == (0.9, 0.4)
-
-
-def test_headers_count_what_a_pocket_holds_as_still_in_the_bucket() -> None:
-    lease = Lease(600)
-    lease.granted(10, remaining=500, reset=10.0, now=0.0, period=1.0)
-    lease.held = 6  # four in a pocket
-    assert lease.window(4) == (510, 9.0)
-    assert lease.window(0) == (506, 9.4)
+def test_a_verdict_serves_for_fresh_seconds_and_never_near_a_limit() -> None:
+    shape = shape_of(rpm=6000, tpm=60_000)
+    verdict = shape.remember(Verdict(True), now=0.0)
+    assert shape.reuse(1, now=0.09, fresh=0.1) is verdict
+    assert shape.reuse(1, now=0.1, fresh=0.1) is None
+    small = shape_of(rpm=420, tpm=60_000)  # a target of 7 requests: exact headers
+    small.remember(verdict, now=0.0)
+    assert small.reuse(0, now=0.0, fresh=0.1) is None
