@@ -157,8 +157,6 @@ class Shape:
     budgets: tuple[BudgetView, ...]
     token_leases: tuple[Lease, ...]
     """The token buckets' leases (a call's tokens are settled against them)."""
-    spend: tuple[SpendView, ...]
-    """The budgets' views, as the hot path reads them."""
     spend_keys: tuple[str, ...]
     """Every counter the call's spend goes to (those with a budget have a view in
     ``budgets``, where this replica's own spend is counted)."""

@@ -140,9 +140,9 @@ class RedisLimiter:
                 lease.due += lease.reconcile(tokens, now)
         if units:
             shape.units_due += units
-            for view in shape.spend:
-                view.own += units
-                if view.spent():
+            for b in shape.budgets:
+                b.view.own += units
+                if b.view.spent():
                     self._sender.urge()
         self._sender.owe(shape)
 
@@ -271,7 +271,6 @@ class RedisLimiter:
             buckets=buckets,
             budgets=budgets,
             token_leases=tuple(b.lease for b in buckets if b.tokens),
-            spend=tuple(v.view for v in budgets),
             spend_keys=tuple(self._counter(plan.tag, c) for c in plan.counters),
             period_ids=tuple(c.period_id for c in plan.counters),
             grant_keys=[b.key for b in buckets] + [v.key for v in budgets],

@@ -65,7 +65,8 @@ class Sender:
         fallback: Fallback,
         sweep: Callable[[bool], None],
     ) -> None:
-        """``sweep(force)`` gives back the leases' units that aged out (all, if forced)."""
+        """``sweep(force)`` gives back the leases' units that aged out (all, if forced).
+        Long only because the sender's state is all set, and documented, here."""
         self._client = client
         self._settings = settings
         self._limits = limits

@@ -99,7 +99,6 @@ def shape_of(rpm: int, tpm: int, view: SpendView | None = None) -> Shape:
         ),
         budgets=tuple(BudgetView("spend", b, view) for b in budgets if view is not None),
         token_leases=(leases[1],),
-        spend=(view,) if view is not None else (),
         spend_keys=("spend",),
         period_ids=("d20261129",),
         grant_keys=[],
