@@ -49,6 +49,8 @@ class Services:
     @classmethod
     @asynccontextmanager
     async def open(cls, settings: Settings) -> AsyncIterator[Services]:
+        """Open every client and task in order; the stack closes them in reverse. One
+        function on purpose: the order is the point, and it reads top to bottom."""
         async with AsyncExitStack() as stack:
             if settings.embedded:
                 settings = await stack.enter_async_context(embedded_backend(settings))
