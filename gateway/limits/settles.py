@@ -95,7 +95,9 @@ class Settles:
             units, shape.units_due = shape.units_due, 0
             if charges or units:
                 keys = (*(c.key for c in charges), *shape.spend_keys)
-                self.add(keys, charges, units, shape.period_ids if units else ())
+                # TTLs for every counter, spend or not: a settle merged into this one
+                # later may bring spend, and SETTLE expects a TTL for each counter it has.
+                self.add(keys, charges, units, shape.period_ids)
 
     def _ttl(self, period_id: str) -> int:
         """Seconds a counter lives: its period and a day more (so a late settle still lands)."""
