@@ -20,7 +20,7 @@ import contextlib
 import logging
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 from urllib.parse import urlsplit
@@ -202,10 +202,13 @@ class BackendPool:
         if self._session is not None:
             await self._session.close()
 
-    async def _every(self, interval: float, probe: object) -> None:
+    async def _every(self, interval: float, probe: Callable[[], Awaitable[None]]) -> None:
+        """Probe every backend at once each interval: their answers arrive together and
+        one turn of the event loop handles many, which measured cheaper than probes
+        spread over the interval (64 backends: 27 against 33 ms of CPU per second)."""
         while True:
             await asyncio.sleep(interval)
-            await probe()  # type: ignore[operator]
+            await probe()
 
     async def check_health(self) -> None:
         await asyncio.gather(*(self._check(b) for b in self.backends.values()))
@@ -300,53 +303,77 @@ class BackendPool:
             async with self._session.get(backend.url + "/metrics") as resp:
                 if resp.status != 200:
                     return
-                text = await resp.text()
+                data = await resp.read()
         except (aiohttp.ClientError, TimeoutError):
             return
-        load = parse_engine_load(text)
-        backend.waiting = int(load.get("vllm:num_requests_waiting", 0))
-        backend.running = int(load.get("vllm:num_requests_running", 0))
-        backend.kv_usage = load.get("vllm:kv_cache_usage_perc", 0.0)
+        load = parse_scrape(data)
+        backend.waiting = load.waiting
+        backend.running = load.running
+        backend.kv_usage = load.kv_usage
         backend.own_at_scrape = backend.in_flight
-        capacity = kv_capacity_tokens(text)
+        capacity = load.capacity_tokens
         backend.backlog.scraped(capacity, backend.running, backend.waiting)
         if capacity:
             self._on_capacity(backend.name, capacity)
 
 
-ENGINE_GAUGES = ("vllm:num_requests_waiting", "vllm:num_requests_running",
-                 "vllm:kv_cache_usage_perc")  # fmt: skip
+@dataclass(frozen=True, slots=True)
+class EngineLoad:
+    """What routing reads from an engine's /metrics, summed over its engines."""
+
+    waiting: int = 0
+    running: int = 0
+    kv_usage: float = 0.0
+    capacity_tokens: int | None = None
+    """KV capacity, ``num_gpu_blocks x block_size`` from ``vllm:cache_config_info``;
+    None when the engine does not export it."""
 
 
-def parse_engine_load(text: str) -> dict[str, float]:
-    """Sum vLLM's load gauges over all engines from Prometheus text.
+SERIES = (b"vllm:num_requests_waiting", b"vllm:num_requests_running",
+          b"vllm:kv_cache_usage_perc", b"vllm:cache_config_info")  # fmt: skip
+LABEL = re.compile(rb'(\w+)="([^"]*)"')
 
-    A line scan rather than the full text parser: vLLM's /metrics is large and scraped
-    every second per backend, and these three gauges are all routing needs.
+
+def parse_scrape(data: bytes) -> EngineLoad:
+    """The load gauges and KV capacity from Prometheus text, read from the undecoded bytes.
+
+    vLLM's /metrics runs to hundreds of lines (tens of KB of histogram buckets), scraped
+    every second per backend, and these four series are all routing needs: each is found
+    with ``bytes.find`` (a C scan), so no Python code runs per line that is not one of them.
     """
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line.startswith(ENGINE_GAUGES):
+    data = b"\n" + data
+    sums: dict[bytes, float] = {}
+    capacity = 0
+    for name in SERIES:
+        for labels, value in _samples(data, name):
+            if name == b"vllm:cache_config_info":
+                info = dict(LABEL.findall(labels))
+                with contextlib.suppress(KeyError, ValueError):
+                    capacity += int(info[b"num_gpu_blocks"]) * int(info[b"block_size"])
+                continue
+            with contextlib.suppress(ValueError):
+                sums[name] = sums.get(name, 0.0) + float(value)
+    return EngineLoad(
+        waiting=int(sums.get(b"vllm:num_requests_waiting", 0)),
+        running=int(sums.get(b"vllm:num_requests_running", 0)),
+        kv_usage=sums.get(b"vllm:kv_cache_usage_perc", 0.0),
+        capacity_tokens=capacity or None,
+    )
+
+
+def _samples(data: bytes, name: bytes) -> Iterator[tuple[bytes, bytes]]:
+    """(labels, value) of each sample of the series ``name`` (not of a longer name that
+    starts with it); ``data`` starts with a newline."""
+    needle = b"\n" + name
+    at = data.find(needle)
+    while at != -1:
+        end = data.find(b"\n", at + 1)
+        rest = data[at + len(needle) : end if end != -1 else len(data)]
+        at = data.find(needle, at + 1)
+        if rest[:1] == b"{":
+            labels, _, value = rest[1:].rpartition(b"} ")
+        elif rest[:1] == b" ":
+            labels, value = b"", rest[1:]
+        else:
             continue
-        name, _, rest = line.partition("{") if "{" in line else line.partition(" ")
-        value = rest.rsplit(" ", 1)[-1]
-        if name not in ENGINE_GAUGES:
-            continue
-        with contextlib.suppress(ValueError):
-            out[name] = out.get(name, 0.0) + float(value)
-    return out
-
-
-CACHE_INFO = re.compile(r"^vllm:cache_config_info\{([^}]*)\}", re.MULTILINE)
-LABEL = re.compile(r'(\w+)="([^"]*)"')
-
-
-def kv_capacity_tokens(text: str) -> int | None:
-    """KV capacity in tokens, ``num_gpu_blocks x block_size`` summed over engines, from
-    vLLM's ``vllm:cache_config_info``; None when the engine does not export it."""
-    total = 0
-    for labels in CACHE_INFO.findall(text):
-        info = dict(LABEL.findall(labels))
-        with contextlib.suppress(KeyError, ValueError):
-            total += int(info["num_gpu_blocks"]) * int(info["block_size"])
-    return total or None
+        yield labels, value.strip().partition(b" ")[0]

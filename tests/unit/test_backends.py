@@ -3,13 +3,13 @@ import asyncio
 import pytest
 from prometheus_client import CollectorRegistry
 
-from gateway.backends import BackendPool, parse_engine_load
+from gateway.backends import BackendPool, EngineLoad, parse_scrape
 from gateway.errors import BackendUnavailable
 from gateway.metrics import GatewayMetrics
 from gateway.settings import load_settings
 from tests.unit import loopback
 
-VLLM_METRICS = """# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
+VLLM_METRICS = b"""# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
 # TYPE vllm:num_requests_waiting gauge
 vllm:num_requests_waiting{engine="0",model_name="tiny"} 3.0
 vllm:num_requests_waiting{engine="1",model_name="tiny"} 2.0
@@ -21,17 +21,12 @@ vllm:prefix_cache_hits_total{engine="0",model_name="tiny"} 1408.0
 
 
 def test_engine_gauges_summed_over_engines() -> None:
-    assert parse_engine_load(VLLM_METRICS) == {
-        "vllm:num_requests_waiting": 5.0,
-        "vllm:num_requests_running": 8.0,
-        "vllm:kv_cache_usage_perc": 0.25,
-    }
+    assert parse_scrape(VLLM_METRICS) == EngineLoad(waiting=5, running=8, kv_usage=0.25)
 
 
 def test_unlabelled_and_garbage_lines() -> None:
-    assert parse_engine_load("vllm:num_requests_running 4\nvllm:kv_cache_usage_perc x\n") == {
-        "vllm:num_requests_running": 4.0
-    }
+    text = b"vllm:num_requests_running 4\nvllm:kv_cache_usage_perc x\nvllm:num_requests_waiting\n"
+    assert parse_scrape(text) == EngineLoad(running=4)
 
 
 def test_engine_load_beyond_our_own_calls_is_what_routing_adds() -> None:
@@ -135,14 +130,12 @@ async def test_a_late_probe_never_ejects_a_models_last_backend_but_a_refusal_doe
 
 
 def test_kv_capacity_is_blocks_times_block_size_summed_over_engines() -> None:
-    from gateway.backends import kv_capacity_tokens
-
     text = (
-        "# TYPE vllm:cache_config_info gauge\n"
-        'vllm:cache_config_info{block_size="16",cache_dtype="auto",engine="0",'
-        'num_gpu_blocks="1000"} 1.0\n'
-        'vllm:cache_config_info{block_size="16",engine="1",num_gpu_blocks="500"} 1.0\n'
+        b"# TYPE vllm:cache_config_info gauge\n"
+        b'vllm:cache_config_info{block_size="16",cache_dtype="auto",engine="0",'
+        b'num_gpu_blocks="1000"} 1.0\n'
+        b'vllm:cache_config_info{block_size="16",engine="1",num_gpu_blocks="500"} 1.0\n'
     )
-    assert kv_capacity_tokens(text) == 24_000
-    assert kv_capacity_tokens(VLLM_METRICS) is None
-    assert kv_capacity_tokens('vllm:cache_config_info{block_size="x"} 1.0\n') is None
+    assert parse_scrape(text).capacity_tokens == 24_000
+    assert parse_scrape(VLLM_METRICS).capacity_tokens is None
+    assert parse_scrape(b'vllm:cache_config_info{block_size="x"} 1.0\n').capacity_tokens is None
