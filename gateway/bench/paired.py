@@ -14,8 +14,10 @@ whatever the machine's other tenants did to the wall clock.
 Kinds: ``gateway`` (`gateway serve`, uvicorn), ``granian`` (the same app under Granian's
 ASGI interface), ``vllm-router`` and ``sglang-router`` (``deploy/bench/peers.sh``), each
 optionally ``kind:policy`` for the Rust routers (default cache_aware) or ``gateway:2``
-for worker processes. With --pin (the default on two cores) the targets share core 0 and
-simulators and wrk run on core 1, so a target never competes with its own load.
+for worker processes, and ``gateway@TREE`` runs another checkout (``git archive main |
+tar -x -C TREE``): old code against new, loaded in the same seconds. With --pin (the
+default on two cores) the targets share core 0 and simulators and wrk run on core 1, so a
+target never competes with its own load.
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ class Target:
     name: str
     kind: str
     option: str
+    tree: str
+    """Another checkout to run the gateway from (empty: this one)."""
     port: int
     sim_port: int
     pid: int = 0
@@ -86,11 +90,15 @@ def command(t: Target, tmp: Path, routers: Path) -> tuple[list[str], dict[str, s
         )
         workers = t.option or "1"
         env = {**os.environ, "GATEWAY_CONFIG_FILE": str(config)}
+        # -P: the working directory never shadows the checkout chosen.
+        python = [sys.executable, "-P"]
+        if t.tree:
+            env["PYTHONPATH"] = t.tree
         if t.kind == "gateway":
-            cmd = [sys.executable, "-m", "gateway", "serve", "--config", str(config),
+            cmd = [*python, "-m", "gateway", "serve", "--config", str(config),
                    "--port", str(t.port), "--workers", workers]  # fmt: skip
         else:
-            cmd = [sys.executable, "-m", "granian", "--interface", "asgi", "--factory",
+            cmd = [*python, "-m", "granian", "--interface", "asgi", "--factory",
                    "--loop", "uvloop", "--no-access-log", "--log-level", "warning",
                    "--port", str(t.port), "--workers", workers,
                    "gateway.serve:worker_app"]  # fmt: skip
@@ -164,9 +172,10 @@ def run(args: argparse.Namespace) -> None:
     targets = []
     for i, spec in enumerate(args.target):
         name, _, kind = spec.partition("=")
+        kind, _, tree = kind.partition("@")
         kind, _, option = kind.partition(":")
         base = args.port_base + 10 * i
-        targets.append(Target(name, kind, option, base + 1, base))
+        targets.append(Target(name, kind, option, tree, base + 1, base))
     tmp = Path(tempfile.mkdtemp(prefix="gw-paired-"))
     loads: list[float] = []
     with contextlib.ExitStack() as stack:
@@ -197,7 +206,7 @@ def run(args: argparse.Namespace) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", action="append", required=True,
-                        help="NAME=KIND[:OPTION]; the first is the base of the ratios")  # fmt: skip
+                        help="NAME=KIND[:OPTION][@TREE]; the first: ratios' base")  # fmt: skip
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=8)
     parser.add_argument("--stream", action="store_true")
