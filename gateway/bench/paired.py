@@ -76,16 +76,19 @@ def tree_cpu_seconds(root: int) -> float:
     return total / HZ
 
 
-def command(t: Target, tmp: Path, routers: Path) -> tuple[list[str], dict[str, str], str]:
+def command(
+    t: Target, tmp: Path, args: argparse.Namespace
+) -> tuple[list[str], dict[str, str], str]:
     """The target's command line, environment and readiness URL."""
     url = f"http://127.0.0.1:{t.port}"
     sim = f"http://127.0.0.1:{t.sim_port}"
     if t.kind in ("gateway", "granian"):
         config = tmp / f"{t.name}.yaml"
+        database = args.database_url or f"sqlite:///{tmp}/{t.name}.db"
         config.write_text(
             "server: {access_log: false, log_level: warning}\n"
             f"models: [{{name: sim-model, backends: [{{url: '{sim}'}}]}}]\n"
-            f"database: {{url: 'sqlite:///{tmp}/{t.name}.db'}}\n"
+            f"database: {{url: '{database}'}}\n"
             f"ledger: {{spool_dir: '{tmp}/{t.name}-spool'}}\n"
         )
         workers = t.option or "1"
@@ -104,7 +107,7 @@ def command(t: Target, tmp: Path, routers: Path) -> tuple[list[str], dict[str, s
                    "gateway.serve:worker_app"]  # fmt: skip
         return cmd, env, url + "/health"
     setup = Setup(t.name, t.kind, ("--policy", t.option or "cache_aware"))  # type: ignore[arg-type]
-    return rust_router(setup, [sim], t.port, routers), dict(os.environ), url + "/v1/models"
+    return rust_router(setup, [sim], t.port, args.routers), dict(os.environ), url + "/v1/models"
 
 
 def start_wrk(t: Target, args: argparse.Namespace, pin: list[str]) -> subprocess.Popen[str]:
@@ -185,7 +188,7 @@ def run(args: argparse.Namespace) -> None:
             stack.enter_context(process(sim, f"http://127.0.0.1:{t.sim_port}/health",
                                         tmp / f"sim-{t.name}.log"))  # fmt: skip
         for t in targets:
-            cmd, env, ready = command(t, tmp, args.routers)
+            cmd, env, ready = command(t, tmp, args)
             proc = stack.enter_context(process([*target_core, *cmd], ready,
                                                tmp / f"{t.name}.log", env=env))  # fmt: skip
             t.pid = proc.pid
@@ -216,6 +219,7 @@ def main() -> None:
                         help="target i: simulator on BASE+10i, itself on BASE+10i+1")  # fmt: skip
     parser.add_argument("--pin", action=argparse.BooleanOptionalAction, default=None)
     parser.add_argument("--routers", type=Path, default=ROUTERS)
+    parser.add_argument("--database-url", help="the gateways' ledger (default: SQLite each)")
     run(parser.parse_args())
 
 
