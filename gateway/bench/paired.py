@@ -88,7 +88,7 @@ def command(
         config.write_text(
             "server: {access_log: false, log_level: warning}\n"
             f"models: [{{name: sim-model, backends: [{{url: '{sim}'}}]}}]\n"
-            f"database: {{url: '{database}'}}\n"
+            f"database: {{url: '{database}', auto_migrate: true}}\n"
             f"ledger: {{spool_dir: '{tmp}/{t.name}-spool'}}\n"
         )
         workers = t.option or "1"
