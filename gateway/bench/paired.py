@@ -90,6 +90,7 @@ def command(
             f"models: [{{name: sim-model, backends: [{{url: '{sim}'}}]}}]\n"
             f"database: {{url: '{database}', auto_migrate: true}}\n"
             f"ledger: {{spool_dir: '{tmp}/{t.name}-spool'}}\n"
+            "auth: {enabled: false}\n"  # as the routers: no keys to check
         )
         workers = t.option or "1"
         env = {**os.environ, "GATEWAY_CONFIG_FILE": str(config)}
