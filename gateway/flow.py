@@ -171,7 +171,7 @@ class Call:
     """Prompt estimate plus max_tokens; the difference to the actual usage is settled later."""
     route: Route | None = None  # stages.dispatch (batching, for a call sharing another's)
     dispatched_at: float | None = None  # stages.dispatch (batching, as for route)
-    first_byte_at: float | None = None  # stages.forward (a stream's), stages.relay
+    first_byte_at: float | None = None  # stages.relay: a stream's first token
     done_at: float | None = None  # stages.relay (a stream's), pipeline
     status: int = 200  # pipeline.failed, stages.relay (a stream that broke off), app
     error_type: str | None = None  # as status

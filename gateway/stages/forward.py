@@ -167,11 +167,8 @@ class Upstream:
             if resp.status >= 400:
                 raw = await resp.read()
                 raise UpstreamError(resp.status, raw, resp.content_type or "application/json")
-            if stream:
-                begun = await self._begin(resp, backend)
-                if call.request.endpoint != "responses":  # see stages/sse.py
-                    call.first_byte_at = time.perf_counter()
-                return begun
+            if stream:  # its first token's time is the relay's to note (stages/sse.py)
+                return await self._begin(resp, backend)
             raw = await resp.read()
         except BaseException:
             resp.close()  # cut, not released: the backend sees the call abandoned and aborts it
