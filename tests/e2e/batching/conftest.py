@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from contextlib import ExitStack
@@ -22,7 +23,7 @@ from aiohttp import web
 from tests.e2e.conftest import start_sims, write_config
 from tests.servers import gateway_process
 
-EMBEDDINGS_DELAY = 0.2
+EMBEDDINGS_DELAY = 0.5
 """Seconds each upstream embeddings call takes (the simulator answers at once)."""
 HOP_HEADERS = {"content-length", "transfer-encoding", "connection", "content-encoding"}
 
@@ -99,6 +100,14 @@ class Upstreams:
     def posts(self, path: str) -> int:
         return sum(p.posts[path] for p in self.proxies)
 
+    def wait_for_posts(self, path: str, more_than: int, timeout: float = 30) -> None:
+        """Block until more than ``more_than`` POSTs to ``path`` have reached the proxies."""
+        deadline = time.monotonic() + timeout
+        while self.posts(path) <= more_than:
+            remaining = deadline - time.monotonic()
+            assert remaining > 0, f"no POST to {path} reached the backends in {timeout} s"
+            time.sleep(0.005)
+
 
 @pytest.fixture(scope="package")
 def upstreams() -> Iterator[Upstreams]:
@@ -110,13 +119,14 @@ def upstreams() -> Iterator[Upstreams]:
 
 @pytest.fixture(scope="package")
 def gateway(upstreams: Upstreams, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A gateway with every batching mechanism on; a wide micro-batch window, so that
-    calls a test sends together fall into one window however slowly they are sent."""
+    """A gateway with every batching mechanism on. The micro-batch window is far wider
+    than an upstream embeddings call, so a batch goes when the call in flight returns,
+    however slowly a loaded machine delivers the calls a test sends together."""
     path: Path = tmp_path_factory.mktemp("gw") / "gateway.yaml"
     cfg = write_config(
         path,
         [p.url for p in upstreams.proxies],
-        batching={"embeddings_window": 0.05, "hold_max_wait": 5.0},
+        batching={"embeddings_window": 5.0, "hold_max_wait": 5.0},
     )
     with gateway_process("serve", "--config", str(cfg)) as url:
         yield url

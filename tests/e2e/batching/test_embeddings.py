@@ -22,13 +22,14 @@ T = TypeVar("T")
 
 
 async def behind_one_in_flight(
-    client: openai.AsyncOpenAI, calls: list[Awaitable[T]], **options: Any
+    client: openai.AsyncOpenAI, upstreams: Upstreams, calls: list[Awaitable[T]], **options: Any
 ) -> list[T | BaseException]:
-    """Run the calls together while a first call, sent alone, is still upstream."""
+    """Run the calls together once a first call, sent alone, is upstream."""
+    before = upstreams.posts(EMBED)
     first = asyncio.create_task(
         client.embeddings.create(model=MODEL, input=os.urandom(4).hex(), **options)
     )
-    await asyncio.sleep(0.05)
+    await asyncio.to_thread(upstreams.wait_for_posts, EMBED, before)
     results = await asyncio.gather(*calls, return_exceptions=True)
     await first
     return results
@@ -47,6 +48,7 @@ async def test_calls_in_one_window_share_one_upstream_call(
     before, riders = upstreams.posts(EMBED), batched(gateway, "batched")
     got = await behind_one_in_flight(
         client,
+        upstreams,
         [client.embeddings.create(model=MODEL, input=i, encoding_format="float") for i in inputs],
         encoding_format="float",
     )
@@ -73,7 +75,9 @@ async def test_the_default_base64_format_batches_too(
     salt = os.urandom(4).hex()
     before = upstreams.posts(EMBED)
     got = await behind_one_in_flight(
-        client, [client.embeddings.create(model=MODEL, input=f"{salt} {i}") for i in range(3)]
+        client,
+        upstreams,
+        [client.embeddings.create(model=MODEL, input=f"{salt} {i}") for i in range(3)],
     )
     assert upstreams.posts(EMBED) - before == 2
     vectors = [g.data[0].embedding for g in got]  # type: ignore[union-attr]
@@ -88,6 +92,7 @@ async def test_one_bad_input_does_not_fail_the_others(
     before = upstreams.posts(EMBED)
     results = await behind_one_in_flight(
         client,
+        upstreams,
         [
             client.embeddings.create(model=MODEL, input=f"{salt} fine"),
             client.embeddings.create(model=MODEL, input="word " * 9000),
