@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import astuple, dataclass
 from datetime import UTC, datetime
 
@@ -59,6 +60,7 @@ class KeyRing:
         registry: CollectorRegistry,
         *,
         enabled: bool,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.enabled = enabled
         self._settings = settings
@@ -68,6 +70,7 @@ class KeyRing:
             settings.cache_size,
             stale_on=DB_ERRORS,
             stale_for=settings.stale_for,
+            clock=clock,
         )
         self._failures = Counter(
             "gateway_auth_failures",

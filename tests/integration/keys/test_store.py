@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
@@ -20,14 +19,15 @@ from gateway.ledger.models import to_units
 from gateway.ledger.rows import ledger_row
 from gateway.ledger.store import insert_rows
 from gateway.settings import AuthSettings
+from tests.clock import Clock, key_renewals
 from tests.integration.ledger.factory import make_call
 
 NOW = datetime.now(UTC)
 
 
-def ring(engine: AsyncEngine, ttl: float = 5.0) -> KeyRing:
+def ring(engine: AsyncEngine, ttl: float = 5.0, clock: Clock | None = None) -> KeyRing:
     settings = AuthSettings(pepper="test-pepper", cache_ttl=ttl)
-    return KeyRing(settings, engine, CollectorRegistry(), enabled=True)
+    return KeyRing(settings, engine, CollectorRegistry(), enabled=True, clock=clock or Clock())
 
 
 async def test_teams_are_unique(engine: AsyncEngine) -> None:
@@ -90,7 +90,8 @@ async def test_missing_and_wrong_keys_are_401(
 async def test_a_disabled_key_stops_here_at_once_and_elsewhere_within_the_ttl(
     engine: AsyncEngine,
 ) -> None:
-    here, there = ring(engine), ring(engine, ttl=0.3)
+    clock = Clock()
+    here, there = ring(engine), ring(engine, ttl=0.3, clock=clock)
     await here.create_team(TeamSpec(name="eng"))
     key, secret = await here.create_key(KeySpec(team="eng"))
     for keys in (here, there):
@@ -99,7 +100,7 @@ async def test_a_disabled_key_stops_here_at_once_and_elsewhere_within_the_ttl(
     with pytest.raises(Unauthorized, match="disabled"):
         await here.authenticate(f"Bearer {secret}")
     await there.authenticate(f"Bearer {secret}")  # still cached on the other replica
-    await asyncio.sleep(0.35)
+    clock.now += 0.3
     with pytest.raises(Unauthorized, match="disabled"):
         await there.authenticate(f"Bearer {secret}")
     assert (await here.disable_key("key_nonexistent")) is None
@@ -111,30 +112,19 @@ async def test_a_key_in_use_is_renewed_in_the_background_within_the_ttl(
     """Near the end of the answer's life a call is answered from it at once while the
     lookup runs again behind it; the renewed answer (here: disabled) lands before the old
     one would have expired."""
-    ttl = 2.0
-    here, there = ring(engine), ring(engine, ttl=ttl)
+    ttl, clock = 2.0, Clock()
+    here, there = ring(engine), ring(engine, ttl=ttl, clock=clock)
     await here.create_team(TeamSpec(name="eng"))
     key, secret = await here.create_key(KeySpec(team="eng"))
     header = f"Bearer {secret}"
-    loaded = time.monotonic()
     await there.authenticate(header)
     await here.disable_key(key.id)
-    await asyncio.sleep(0.85 * ttl - (time.monotonic() - loaded))  # past 80% of the ttl
+    clock.now += 0.85 * ttl  # past 80% of the ttl, before its end
     assert there.known(header) is None  # due: the pipeline goes on to authenticate...
     principal = await there.authenticate(header)
     assert principal.key_id == key.id  # ...which answers from the old entry, not the disabled
-
-    def refused() -> bool:
-        try:
-            there.known(header)
-        except Unauthorized:
-            return True
-        return False
-
-    while not refused():
-        assert time.monotonic() - loaded < ttl, "the renewal did not land within the ttl"
-        await asyncio.sleep(0.01)
-    with pytest.raises(Unauthorized, match="disabled"):
+    await key_renewals()
+    with pytest.raises(Unauthorized, match="disabled"):  # landed, the clock short of the ttl
         there.known(header)
     await there.aclose()
 
@@ -216,18 +206,18 @@ async def test_month_spend_is_one_aggregate_of_this_month_and_today(engine: Asyn
 async def test_a_reload_keeps_the_principal_of_an_unchanged_key(engine: AsyncEngine) -> None:
     """Principals compare by identity, and the limits stage keeps a plan per principal:
     a new object at every reload would make plans pile up to their bound."""
-    ttl = 0.2
-    keys = ring(engine, ttl=ttl)
+    ttl, clock = 0.2, Clock()
+    keys = ring(engine, ttl=ttl, clock=clock)
     await keys.create_team(TeamSpec(name="eng", rpm=100))
     key, secret = await keys.create_key(KeySpec(team="eng", rpm=10, budget_usd=Decimal("2")))
     header = f"Bearer {secret}"
     first = await keys.authenticate(header)
-    await asyncio.sleep(ttl * 1.5)
+    clock.now += ttl
     assert keys.known(header) is None  # expired: the next call loads the key again
     assert await keys.authenticate(header) is first
     async with engine.begin() as conn:
         await conn.exec_driver_sql(f"UPDATE api_keys SET rpm = 11 WHERE id = '{key.id}'")
-    await asyncio.sleep(ttl * 1.5)
+    clock.now += ttl
     changed = await keys.authenticate(header)
     assert changed is not first
     assert changed.rpm == 11
