@@ -68,14 +68,15 @@ def wait_http(
     it answers sooner.
     """
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            out = log.read_text(errors="replace") if log else ""
-            raise RuntimeError(f"server exited with {proc.returncode} before answering:\n{out}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(url, timeout=1).is_success:
-                return
-        time.sleep(0.05)
+    with httpx.Client(timeout=1) as client:  # one client: each new one loads the CA store
+        while time.monotonic() < deadline:
+            if proc is not None and proc.poll() is not None:
+                out = log.read_text(errors="replace") if log else ""
+                raise RuntimeError(f"server exited with {proc.returncode} before answering:\n{out}")
+            with contextlib.suppress(httpx.HTTPError):
+                if client.get(url).is_success:
+                    return
+            time.sleep(0.05)
     raise RuntimeError(f"{url} did not answer within {timeout} s")
 
 

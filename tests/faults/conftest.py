@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +14,17 @@ from tests.faults.cluster import Stores, private_stores
 from tests.faults.load import Load
 
 FIGURES = pytest.StashKey[list[tuple[str, str]]]()
+EXPERIMENT_TIMEOUT = 600
+"""Seconds an experiment may take: it starts a cluster of processes and waits out its
+fault, which on a loaded machine takes minutes, not the suite's default two. Each
+experiment's own deadlines end it well before this when something hangs."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+    for item in items:
+        if item.path.is_relative_to(here):
+            item.add_marker(pytest.mark.timeout(EXPERIMENT_TIMEOUT))
 
 
 @pytest.fixture(scope="package")
