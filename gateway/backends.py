@@ -104,6 +104,10 @@ class Backend:
         """
         return max(self.running + self.waiting - self.own_at_scrape, 0)
 
+    def read_in_flight(self) -> int:
+        """The in-flight count now: what a gauge read at scrape time calls."""
+        return self.in_flight
+
     @classmethod
     def from_settings(cls, cfg: BackendSettings) -> Backend:
         url = cfg.url.rstrip("/").removesuffix("/v1")
@@ -145,7 +149,7 @@ class BackendPool:
                 model.backends.append(backend)
             self.models[m.name] = model
         for backend in self.backends.values():
-            metrics.watch_in_flight(backend.name, lambda b=backend: b.in_flight)
+            metrics.watch_in_flight(backend.name, backend.read_in_flight)
             metrics.healthy.labels(backend.name).set(int(backend.healthy))
             metrics.circuit.labels(backend.name).set(CIRCUIT_VALUE[backend.circuit])
         self._tasks: list[asyncio.Task[None]] = []

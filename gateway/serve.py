@@ -13,7 +13,7 @@ import signal
 import sys
 import tempfile
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal, TypedDict
 
 from gateway.api.openai import ProxyEndpoints
 from gateway.app import create_app
@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     configure_logging(settings)
     import uvicorn
 
-    options = {
+    options: UvicornOptions = {
         "host": settings.server.host,
         "port": settings.server.port,
         "loop": "uvloop",
@@ -73,6 +73,20 @@ def run(args: argparse.Namespace) -> int:
     else:
         draining_server(uvicorn.Config(create_app(settings), **options)).run()
     return 0
+
+
+class UvicornOptions(TypedDict):
+    """The keyword arguments `uvicorn.run` and `uvicorn.Config` share, typed so that both
+    calls are checked against uvicorn's signature."""
+
+    host: str
+    port: int
+    loop: Literal["uvloop"]
+    http: Literal["httptools"]
+    access_log: bool
+    log_level: str
+    lifespan: Literal["on"]
+    timeout_graceful_shutdown: int
 
 
 def draining_server(config: uvicorn.Config) -> uvicorn.Server:

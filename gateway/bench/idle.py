@@ -59,7 +59,8 @@ def run(args: argparse.Namespace) -> None:
                 pids[name] = proc.pid
                 port += 1
         time.sleep(3)  # past the first probes and the ledger's start
-        loads, samples = [], {name: [] for name in pids}
+        loads: list[float] = []
+        samples: dict[str, list[float]] = {name: [] for name in pids}
         for _ in range(args.rounds):
             before = {name: tree_cpu_seconds(pid) for name, pid in pids.items()}
             time.sleep(args.seconds)

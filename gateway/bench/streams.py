@@ -23,6 +23,7 @@ import resource
 import sys
 import tempfile
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 import aiohttp
@@ -67,6 +68,10 @@ async def _drain(resp: aiohttp.ClientResponse) -> None:
         pass
 
 
+async def _all_set(events: Iterable[asyncio.Event]) -> None:
+    await asyncio.gather(*(e.wait() for e in events))
+
+
 async def level(
     urls: dict[str, str], pids: dict[str, int], n: int, seconds: float
 ) -> dict[str, float]:
@@ -84,7 +89,7 @@ async def level(
             for name, url in urls.items()
         ]
         try:
-            all_open = asyncio.ensure_future(asyncio.gather(*(e.wait() for e in opened.values())))
+            all_open = asyncio.create_task(_all_set(opened.values()))
             done, _ = await asyncio.wait([all_open, *tasks], timeout=seconds,
                                          return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
             all_open.cancel()

@@ -25,9 +25,9 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Sequence
-from typing import Any
 
 from redis.asyncio import Redis, RedisCluster
+from redis.asyncio.client import Pipeline
 from redis.exceptions import RedisError
 
 from gateway.index.base import Capacities
@@ -194,7 +194,8 @@ class RedisIndex:
         models = await self._client.smembers(self._root + "models")
         total = 0
         for model in models:
-            base = self._base(model.decode())
+            # bytes from a client built without decode_responses, as the gateway's are
+            base = self._base(model.decode() if isinstance(model, bytes) else model)
             total += int(await self._size(keys=[base + "backends"], args=[base, self._ttl]))
         return total
 
@@ -244,13 +245,13 @@ class RedisIndex:
                 pipe.sadd(self._root + "models", *models)
             await pipe.execute()
 
-    async def _apply(self, op: Update, client: Any) -> None:
+    async def _apply(self, op: Update, client: RedisCluster | Pipeline) -> None:
         """Run (or, on a pipeline, queue) one update; a lost script is reloaded."""
         kind, model, backend, hashes = op
         base = self._base(model)
         held = f"{base}held:{backend}"
         if kind == "record":
-            args = [backend, self._ttl, self._capacity[backend], *hashes]
+            args: list[str | int] = [backend, self._ttl, self._capacity[backend], *hashes]
             await self._record(keys=[held, base + "backends"], args=args, client=client)
         else:
             await client.zrem(held, *hashes)

@@ -196,7 +196,7 @@ class LookupCache(Generic[V]):
             self._stale.discard(forgotten)
 
 
-def _fail(done: asyncio.Future[object], exc: BaseException) -> None:
+def _fail(done: asyncio.Future[V], exc: BaseException) -> None:
     """Hand the failure to concurrent waiters (marked retrieved: nobody may be waiting)."""
     if isinstance(exc, asyncio.CancelledError):
         done.cancel()

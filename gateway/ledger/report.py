@@ -25,7 +25,15 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any, Literal, cast, get_args
 
-from sqlalchemy import ColumnElement, Select, case, func, literal_column, select, text
+from sqlalchemy import (
+    ColumnElement,
+    Select,
+    case,
+    func,
+    literal_column,
+    select,
+    text,
+)
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.ledger.models import LedgerRow, to_usd
@@ -180,7 +188,7 @@ def _percent(value: Decimal | None) -> str | None:
 
 def _mark_best(rows: list[list[str]], n: int, lines: list[ReportLine]) -> None:
     """Star the cheapest effective prompt price and the fastest TTFT p50 (ties: all)."""
-    figures = {
+    figures: dict[int, list[Decimal | None] | list[int | None]] = {
         n + TABLE.index("usd/M_prompt"): [line.usd_per_m_prompt for line in lines],
         n + TABLE.index("ttft_p50_ms"): [line.latency.ttft_p50_ms for line in lines],
     }
@@ -228,7 +236,7 @@ def _group_column(group_by: GroupBy, dialect: str) -> ColumnElement[Any]:
         "model": LedgerRow.model,
         "backend": LedgerRow.backend,
         "user": LedgerRow.end_user,  # the end user's hash (keys/secret.py)
-    }[group_by]
+    }[group_by].expression
 
 
 def _period(start: datetime | None, end: datetime | None) -> list[ColumnElement[bool]]:

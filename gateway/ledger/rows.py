@@ -12,6 +12,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
+from sqlalchemy import String
+
 from gateway.flow import ANONYMOUS, Call, Cost, Usage
 from gateway.keys.secret import hash_end_user
 from gateway.ledger.models import LedgerRow
@@ -21,7 +23,7 @@ MAX_INT = 2**31 - 1
 _LENGTHS = {
     c.name: c.type.length
     for c in LedgerRow.__table__.columns
-    if getattr(c.type, "length", None) is not None
+    if isinstance(c.type, String) and c.type.length is not None
 }
 _NO_USAGE = Usage()
 
@@ -29,7 +31,7 @@ _NO_USAGE = Usage()
 class Row(NamedTuple):
     """One ledger row; money in integer units of 1e-10 USD (as the columns hold it), and
     ts the epoch seconds the call was received (the writer's connection encodes that float
-    for the timestamptz column: a datetime per call cost 40% of a row's COPY)."""
+    for the timestamptz column, sparing every call the building of a datetime)."""
 
     request_id: str
     ts: float
@@ -75,14 +77,21 @@ _CUT = ("request_id", "key_id", "team", "model", "backend", "error_type", "clien
 _ID, _KEY, _TEAM, _MODEL, _BACKEND, _ERROR, _CLIENT_ID = (_LENGTHS[n] for n in _CUT)
 
 
-def _clamped(n: int) -> int:
-    return min(max(n, 0), MAX_INT)
+Counts = tuple[int, int, int, int, int, int]
+"""A row's token counts, in column order."""
+
+
+def _clamped(counts: Counts) -> Counts:
+    """The counts held to an integer column's range."""
+    prompt, standard, cached, cache_write, completion, predicted = (
+        min(max(n, 0), MAX_INT) for n in counts
+    )
+    return prompt, standard, cached, cache_write, completion, predicted
 
 
 def ledger_row(call: Call, cost: Cost, end_user_key: bytes = b"") -> Row:
-    """The call's row, written flat: it runs for every call on the event loop, and a
-    Python-level helper per string and count (a dozen calls) made it 1.2x as costly
-    (27k instead of 23k instructions under callgrind, 2.2 instead of 1.8 us)."""
+    """The call's row, written flat rather than through a helper per string and count:
+    it runs for every call on the event loop, where a dozen small calls add up."""
     usage = call.usage or _NO_USAGE
     principal = call.principal or ANONYMOUS
     route, request = call.route, call.request
@@ -91,7 +100,7 @@ def ledger_row(call: Call, cost: Cost, end_user_key: bytes = b"") -> Row:
               usage.cache_write_tokens, usage.completion_tokens,
               route.predicted_cached_tokens if route else 0)  # fmt: skip
     if not 0 <= min(counts) <= max(counts) <= MAX_INT:
-        counts = tuple(map(_clamped, counts))
+        counts = _clamped(counts)
     received, first_byte, done = call.received_at, call.first_byte_at, call.done_at
     client_id = call.client_request_id
     end_user = request.end_user if request else None

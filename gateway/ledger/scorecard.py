@@ -114,8 +114,8 @@ def histogram(
             .group_by(*labelled, value)
         )
 
-    ttft = counts(TTFT, LedgerRow.ttft_s, LedgerRow.stream)
-    return union_all(ttft, counts(E2E, LedgerRow.latency_s)).cte("histogram")
+    ttft = counts(TTFT, LedgerRow.ttft_s.expression, LedgerRow.stream.expression)
+    return union_all(ttft, counts(E2E, LedgerRow.latency_s.expression)).cte("histogram")
 
 
 def _picks(hist: CTE, n_groups: int, total: bool) -> Select[Any]:

@@ -110,7 +110,8 @@ class Spool:
         if f is None:
             return None
         f.handle.seek(f.offset)
-        rows, lines, end = [], 0, f.offset
+        rows: list[Row] = []
+        lines, end = 0, f.offset
         while len(rows) < limit:
             line = f.handle.readline()
             if not line.endswith(b"\n"):

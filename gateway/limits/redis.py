@@ -177,12 +177,12 @@ class RedisLimiter:
         from the leases (with a top-up when they run low or age), or None when only Redis
         can answer."""
         stale = False
-        for b in shape.budgets:
-            age = now - b.view.read_at
+        for v in shape.budgets:
+            age = now - v.view.read_at
             if age >= self._period:
                 return None
-            if b.view.spent():
-                return Verdict(False, self._windows(shape), b.budget, None)
+            if v.view.spent():
+                return Verdict(False, self._windows(shape), v.budget, None)
             stale = stale or age >= self._period / 2
         for b in shape.buckets:
             if not b.lease.live(now) or b.lease.held < b.bucket.cost(tokens):

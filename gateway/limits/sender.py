@@ -291,8 +291,8 @@ class Sender:
             if granted.code != OK:
                 b.lease.held += take.took  # the call was refused: nothing it took is spent
             b.lease.granted(grant.units, grant.remaining, grant.reset, now, self._period)
-        for b, mark, spend in zip(ask.shape.budgets, ask.marks, granted.spend, strict=True):
-            b.view.base, b.view.mark, b.view.read_at = spend, mark, now
+        for v, mark, spend in zip(ask.shape.budgets, ask.marks, granted.spend, strict=True):
+            v.view.base, v.view.mark, v.view.read_at = spend, mark, now
         if ask.done is not None and not ask.done.done():
             ask.done.set_result(granted)
 

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from gateway.flow import Period
 from gateway.limits.base import period_end
 from gateway.limits.lease import Shape
 from gateway.limits.lua import Charge, settle_args
@@ -105,7 +106,7 @@ class Settles:
         if gone is None:
             if len(self._expiry) > 64:
                 self._expiry.clear()
-            period = "day" if period_id.startswith("d") else "month"
+            period: Period = "day" if period_id.startswith("d") else "month"
             gone = period_end(period, datetime.now(UTC)).timestamp() + 86400
             self._expiry[period_id] = gone
         return max(math.ceil(gone - time.time()), 1)

@@ -134,7 +134,12 @@ class ResponsesReply:
     def closing(self, seq: Sequence) -> bytes:
         """The text's, part's and item's ends, then ``response.completed`` with usage."""
         text = tokenizer.detokenize(seq.output)
-        part = {"annotations": [], "text": text, "type": "output_text", "logprobs": None}
+        part: dict[str, Any] = {
+            "annotations": [],
+            "text": text,
+            "type": "output_text",
+            "logprobs": None,
+        }
         return b"".join((
             self._event("response.output_text.done", content_index=0, item_id=self._msg_id,
                         logprobs=[], output_index=0, text=text),

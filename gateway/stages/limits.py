@@ -174,11 +174,11 @@ def ratelimit_headers(verdict: Verdict) -> dict[str, str]:
             tightest[w.bucket.kind] = w
     out: dict[str, str] = {}
     for kind in ("requests", "tokens"):
-        w = tightest.get(kind)
-        if w is not None:
-            out[f"x-ratelimit-limit-{kind}"] = str(w.bucket.limit)
-            out[f"x-ratelimit-remaining-{kind}"] = str(w.remaining)
-            out[f"x-ratelimit-reset-{kind}"] = duration(w.reset)
+        window = tightest.get(kind)
+        if window is not None:
+            out[f"x-ratelimit-limit-{kind}"] = str(window.bucket.limit)
+            out[f"x-ratelimit-remaining-{kind}"] = str(window.remaining)
+            out[f"x-ratelimit-reset-{kind}"] = duration(window.reset)
     return out
 
 
@@ -197,12 +197,12 @@ def refusal(verdict: Verdict, tokens: int, limiter: Limiter) -> GatewayError:
     by = verdict.refused_by
     if by is None:  # nothing refused it but an unreachable store (limits.on_outage: closed)
         limiter.metrics.refused.labels("key", "unavailable").inc()
-        wait = max(math.ceil(verdict.retry_after or 1), 1)
+        retry_s = max(math.ceil(verdict.retry_after or 1), 1)
         return BackendUnavailable(
             "Rate limits cannot be checked right now (their store is unreachable); "
             "try again shortly.",
             code="limits_unavailable",
-            headers={"retry-after": str(wait)},
+            headers={"retry-after": str(retry_s)},
         )
     if isinstance(by, Budget):
         limiter.metrics.refused.labels(by.counter.scope, "budget").inc()

@@ -14,6 +14,7 @@ comparison of its shape; only other messages are checked field by field, and for
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from gateway.errors import InvalidRequest
@@ -96,8 +97,7 @@ def check_part(part: Any, where: str) -> None:
         required_string(part, kind, where)
     elif kind in PART_FIELDS:
         name, fields = PART_FIELDS[kind]
-        inner = part.get(name)
-        required_object(inner, f"{where}.{name}")
+        inner = required_object(part.get(name), f"{where}.{name}")
         for field, required in fields.items():
             if required:
                 required_string(inner, field, f"{where}.{name}")
@@ -121,9 +121,9 @@ def check_tool_calls(calls: Any, where: str) -> None:
 
 def check_function(function: Any, where: str) -> None:
     """A function call: its name and its arguments, which the API defines as a JSON string."""
-    required_object(function, where)
-    required_string(function, "name", where)
-    required_string(function, "arguments", where)
+    fields = required_object(function, where)
+    required_string(fields, "name", where)
+    required_string(fields, "arguments", where)
 
 
 def required_string(obj: dict[str, Any], field: str, where: str) -> None:
@@ -133,9 +133,11 @@ def required_string(obj: dict[str, Any], field: str, where: str) -> None:
         raise missing(place) if value is None else wrong_type(place, value)
 
 
-def required_object(value: Any, where: str) -> None:
+def required_object(value: Any, where: str) -> dict[str, Any]:
+    """`value` itself, refused unless it is an object."""
     if not isinstance(value, dict):
         raise missing(where) if value is None else wrong_type(where, value, "an object")
+    return value
 
 
 def optional_string(obj: dict[str, Any], field: str, where: str) -> None:
@@ -170,10 +172,11 @@ def too_deep(value: dict[str, Any] | list[Any], levels: int) -> list[str | int] 
     """The path to an array or object nested more than `levels` deep, or None."""
     if levels == 0:
         return []
-    if type(value) is list:
+    children: Iterable[tuple[str | int, Any]]
+    if isinstance(value, list):
         if not {list, dict}.intersection(map(type, value)):  # a list of scalars (token ids)
             return None
-        children: Any = enumerate(value)
+        children = enumerate(value)
     else:
         children = value.items()
     for key, child in children:
