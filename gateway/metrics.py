@@ -216,7 +216,7 @@ class GatewayMetrics:
     def child(self, metric: M, *values: str) -> M:
         """``metric.labels(*values)``, remembered.
 
-        labels() validates and takes a lock (~3 us) and a call records a dozen series;
+        labels() validates and takes a lock, and a call records a dozen series;
         this is one dict lookup. Label values are bounded (configured models and backends,
         endpoints, statuses, error classes), so the cache is too.
         """

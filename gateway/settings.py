@@ -37,9 +37,9 @@ class ServerSettings(Section):
     off; then the ledger is flushed and the process exits 0. 50 s fits inside Kubernetes'
     terminationGracePeriodSeconds of 60 (deploy/k8s) with time left for the flush."""
     gc_freeze: bool = True
-    """Move everything alive once started (modules, settings, tokenizer tables: ~146k
-    objects) out of the garbage collector's sight. Its full collections walked them all,
-    ~50 ms each, 10-15 us per call under load; they never become garbage anyway."""
+    """Move everything alive once started (modules, settings, tokenizer tables) out of the
+    garbage collector's sight: its full collections would walk them all, stalling calls
+    under load, and they never become garbage anyway."""
 
 
 class UpstreamSettings(Section):
@@ -145,9 +145,9 @@ class RedisSettings(Section):
     may age (limits/redis.py)."""
     settle_interval: float = Field(0.25, ge=0)
     """Seconds between sends of spend and token settles when no grant carries them. Each
-    send is a Redis round that costs the gateway far more under load than alone: at 50 ms
-    (20 a second) they took 4-5% of a busy gateway's CPU, at 250 ms about 1%; the price is
-    that other replicas see this one's spend up to that much later."""
+    send is a Redis round that costs the gateway far more under load than alone, so a
+    short interval is paid for in a busy gateway's CPU; the price of a long one is that
+    other replicas see this one's spend up to that much later."""
 
 
 class LimitsSettings(Section):
@@ -223,8 +223,9 @@ class AuthSettings(Section):
     ratelimit_headers: bool = False
     """Also send the x-ratelimit-* headers on served calls, as OpenAI does. Refusals (429)
     always carry them with Retry-After, and that is what clients act on (the openai SDK
-    reads nothing else); on every served call the six headers cost a tiny call 3-4% of
-    its gateway CPU, for clients that pace themselves from them (README, Performance).
+    reads nothing else); on every served call the six headers cost a tiny call a visible
+    share of its gateway CPU, for clients that pace themselves from them (README,
+    Performance).
     Off by default for that reason, as in Envoy's rate limit filter."""
 
 

@@ -7,14 +7,14 @@
 # (a wrk -t1 -c16 each, for SECONDS_PER_RUN), and the two share one core, so whatever
 # slows the machine slows both in the same seconds; it prints req/s and each gateway
 # process's CPU time per request, then the medians. ALTERNATE=1 loads one side at a time
-# instead, in turn (on a machine whose speed swings from one 4-second run to the next,
-# its per-round ratios range from -31% to +30%).
+# instead, in turn (on a machine whose speed swings from one run to the next, its
+# per-round ratios swing by tens of percent).
 # AA=1 turns auth off on both sides: what the method reads when there is no difference;
 # AA=keyed turns it on on both (one key, its leases shared by the two gateways).
 # PYTHONPATH_OFF / PYTHONPATH_ON run that side from another checkout (a git worktree): with
 # AA=keyed, old code against new on the same work, measured the same paired way.
-# COMPARE=1 also runs `gateway bench compare` both ways (a Python client: about 400 req/s
-# per target, so there it measures the client more than the gateways).
+# COMPARE=1 also runs `gateway bench compare` both ways (a Python client, far slower than
+# the gateways, so there it measures the client more than them).
 # PROFILE=DIR first runs each side once under py-spy (400 Hz, --nonblocking) and writes
 # collapsed stacks to DIR/off.txt and DIR/on.txt (flamegraph.pl or speedscope read them).
 # MAX_TOKENS=N (default 8) sets the answers' length; STREAM=1 streams them (each chunk
@@ -29,7 +29,7 @@
 # off by default, as in the gateway: only refusals carry them).
 # CALLGRIND=1 runs both gateways under valgrind's callgrind, counting only while wrk runs,
 # and reports instructions per request instead of CPU time: the same on a busy machine as
-# on a quiet one, where CPU time per request drifts by 10-20% from one run to the next.
+# on a quiet one, where CPU time per request drifts from one run to the next.
 # At callgrind's ~100 req/s every interval of the gateway is stretched by SCALE (default
 # 30) so that a Redis round, a ledger batch and a key reload serve as many calls as at
 # full speed. CALLGRIND_ARGS adds valgrind options (--cache-sim=yes: simulated cache misses

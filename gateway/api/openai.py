@@ -2,8 +2,8 @@
 
 The three proxied endpoints are a bare ASGI app in front of FastAPI rather than FastAPI
 routes: on the hot path FastAPI's middleware stack, router matching, dependency solving
-and Request/Headers objects cost more than the whole pipeline (profiled with py-spy at
-16 concurrent calls: ~60% of busy time under FastAPI frames, ~20% in the pipeline).
+and Request/Headers objects cost more than the whole pipeline (as a py-spy profile under
+concurrent calls shows).
 Everything else (models, ops, admin) stays on FastAPI.
 """
 

@@ -288,7 +288,7 @@ async def cost_report(
     async with engine.connect() as conn:
         if dialect == "postgresql":
             # The percentiles' GROUP BY holds a few hundred counts per group: at the default
-            # 4 MB it spills to disk and takes 2-3x as long.
+            # 4 MB it spills to disk, which is much slower.
             await conn.execute(text("SET LOCAL work_mem = '64MB'"))
         result = await conn.execute(report_query(dialect, start, end, group_by))
         lines = [_line(r, n) for r in result.all()]

@@ -142,7 +142,7 @@ async def _copy_rows(pg: asyncpg.Connection, rows: Sequence[Row]) -> set[str] | 
 
     A lone COPY is a transaction of its own (all rows or none), so the common path needs
     no BEGIN and COMMIT round trips. Rows go as plain tuples: asyncpg indexes a tuple
-    subclass through Python's __getitem__, which made the COPY 1.6x as costly.
+    subclass through Python's __getitem__, which makes the COPY markedly costlier.
     """
     records = list(map(tuple, rows))
     try:

@@ -3,8 +3,8 @@
 Every pipeline carries the grants asked for since the last one (concurrent calls share a
 round trip) and, before them, every settle waiting (settles.py), so a grant's read of a
 counter includes all of this replica's spend sent so far. Settles go at most every
-``redis.settle_interval``. A round costs the gateway 200-360 us of CPU, so the sender is
-woken only when it must be: a call waiting on a grant goes at once; a top-up (no call
+``redis.settle_interval``. A round costs the gateway real CPU, so the sender is woken
+only when it must be: a call waiting on a grant goes at once; a top-up (no call
 waits on it) rides with the next round of settles if that comes within a quarter of
 ``lease_period``, else goes then; under load the sender wakes at the settle interval by
 itself, so a call's settle never wakes it.

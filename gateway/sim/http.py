@@ -1,8 +1,8 @@
 """A small HTTP/1.1 server on asyncio and httptools, for the simulator's hot path.
 
-Why not aiohttp: on the project's 2-core machines aiohttp's own per-request work caps
-even an empty handler near 9,000 requests/s under load, below what `--instant` must
-serve with real work to do; a protocol over httptools serves about three times that.
+Why not aiohttp: its own per-request work caps even an empty handler below what
+`--instant` must serve with real work to do; a protocol over httptools serves several
+times as many requests on the same cores.
 The simulator needs only what this offers: keep-alive, pipelined requests answered in
 order, Content-Length or chunked request bodies, chunked streaming responses with flow
 control, and cancellation of a request's handler when its client disconnects.

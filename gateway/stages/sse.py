@@ -27,8 +27,8 @@ class EventScanner:
 
     RAW_KEPT = 32 * 1024
     """Bytes of delivered events held before they are reduced to their text: an event is
-    ~250 bytes for a token or two of text, so a long stream held as events cost ~100x
-    its reply (a 4,000-token stream ~1 MB for as long as it was open)."""
+    ~250 bytes for a token or two of text, so a long stream held as events would cost
+    about a hundred times its reply for as long as it is open."""
 
     def __init__(self, strip_usage: bool, watch_tokens: bool = False) -> None:
         self.strip_usage = strip_usage
