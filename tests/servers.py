@@ -136,9 +136,9 @@ def server_processes(
             wait_http(server.url + health_path, server.proc, timeout, server.log)
         yield [server for server, _ in started]
     finally:
-        for server, log_file in started:
+        for server, log in started:
             stop(server.proc)
-            log_file.close()
+            log.close()
             server.log.unlink(missing_ok=True)
 
 

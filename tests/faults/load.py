@@ -12,11 +12,11 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
-import httpx
 import openai
+from openai.types.chat import ChatCompletionMessageParam
 
 from tests.e2e.conftest import MODEL
 
@@ -140,9 +140,9 @@ async def run_load(
     return load
 
 
-def conversation(n: int, turn: int) -> list[dict[str, str]]:
+def conversation(n: int, turn: int) -> list[ChatCompletionMessageParam]:
     """Client n's conversation at this turn: a shared system prompt and its own history."""
-    messages = [{"role": "system", "content": SYSTEM}]
+    messages: list[ChatCompletionMessageParam] = [{"role": "system", "content": SYSTEM}]
     for t in range(turn % 4):
         messages.append({"role": "user", "content": f"[{n}] {QUESTIONS[(n + t) % 5]}"})
         messages.append({"role": "assistant", "content": "Let me check that for you."})
@@ -160,10 +160,10 @@ async def one_call(
     try:
         raw = await client.chat.completions.with_raw_response.create(
             model=MODEL,
-            messages=conversation(n, turn),  # type: ignore[arg-type]
+            messages=conversation(n, turn),
             max_tokens=8,
             stream=stream,
-            **({"stream_options": {"include_usage": True}} if stream else {}),  # type: ignore[arg-type]
+            stream_options={"include_usage": True} if stream else openai.omit,
         )
         status, request_id = raw.status_code, call_id(raw.headers)
         error = await read_answer(raw.parse(), stream)
@@ -175,7 +175,7 @@ async def one_call(
     return Outcome(stream, began - start, time.monotonic() - began, status, request_id, error)
 
 
-def call_id(headers: httpx.Headers) -> str | None:
+def call_id(headers: Mapping[str, str]) -> str | None:
     return headers.get("x-gateway-request-id") or headers.get("x-request-id")
 
 

@@ -1,10 +1,11 @@
 """The app's lifespan hides the objects alive at startup from the garbage collector
-(server.gc_freeze): full collections otherwise walked all ~146k of them under load."""
+(server.gc_freeze): full collections would otherwise walk them all under load."""
 
 from __future__ import annotations
 
 import asyncio
 import gc
+from collections.abc import MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ async def started_freeze_count(tmp_path: Path, freeze: bool) -> int:
     )
     app = create_app(settings)
     inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-    outbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+    outbox: asyncio.Queue[MutableMapping[str, Any]] = asyncio.Queue()
     task = asyncio.create_task(app({"type": "lifespan", "asgi": {"version": "3.0"}},
                                    inbox.get, outbox.put))  # fmt: skip
     await inbox.put({"type": "lifespan.startup"})

@@ -63,7 +63,7 @@ async def test_a_bug_in_a_proxied_call_is_answered_logged_counted_and_metered(
     in_process: InProcess, caplog: pytest.LogCaptureFixture
 ) -> None:
     svc = in_process.services
-    svc.policy = Exploding(svc.policy, "choose")  # type: ignore[assignment]
+    svc.policy = Exploding(svc.policy, "choose")
     body = {"model": MODEL, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 2}
     with caplog.at_level(logging.INFO):
         resp = await in_process.client.post("/v1/chat/completions", json=body)
@@ -87,7 +87,7 @@ async def test_a_bug_in_an_ordinary_route_is_answered_logged_and_counted(
 ) -> None:
     svc = in_process.services
     real = svc.index
-    svc.index = Exploding(real, "size")  # type: ignore[assignment]
+    svc.index = Exploding(real, "size")
     try:
         with caplog.at_level(logging.INFO):
             resp = await in_process.client.get("/metrics")

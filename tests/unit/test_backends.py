@@ -100,12 +100,13 @@ async def test_a_hung_probe_ejects_until_a_good_one_readmits_on_probation() -> N
             await pool.check_health()
             assert (b0.circuit, b0.healthy, circuit(metrics, "b0")) == ("half_open", True, (2, 1))
             pool.failed(b0)  # on probation, the first failure ejects again...
-            assert b0.circuit == "open"
+            assert (b0.circuit, b0.healthy) == ("open", False)
             await pool.check_health()
-            assert b0.circuit == "open"  # ... for ejection_time, whatever the probes say
+            # ... for ejection_time, whatever the probes say
+            assert (b0.circuit, b0.healthy) == ("open", False)
             await asyncio.sleep(0.25)
             await pool.check_health()
-            assert b0.circuit == "half_open"
+            assert (b0.circuit, b0.healthy) == ("half_open", True)
             pool.succeeded(b0)  # the first success closes the circuit
             assert (b0.circuit, circuit(metrics, "b0")) == ("closed", (0, 1))
             pool.failed(b0)

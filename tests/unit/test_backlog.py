@@ -48,7 +48,8 @@ def test_capacity_comes_from_the_engine_and_running_calls_take_their_share() -> 
     first.first_byte_at = first.dispatched_at  # decoding: no prefill queued
     backlog.admit(first)
     load = backlog.load(waiting=0, running=1, kv_usage=0.2)
-    assert (load.free_tokens, load.utilization) == (pytest.approx(390), pytest.approx(0.61))
+    assert load.free_tokens == pytest.approx(390)
+    assert load.utilization == pytest.approx(0.61)
     assert backlog.load(waiting=0, running=1, kv_usage=0.8).free_tokens == pytest.approx(200)
     assert backlog.load(waiting=0, running=1, kv_usage=0.0).full == pytest.approx(0.6)
     backlog.admit(call(2, 600))
@@ -87,6 +88,7 @@ def test_a_call_beyond_the_slots_waits_for_our_first_answer_to_end() -> None:
     for c in (early, late):
         c.first_byte_at = c.dispatched_at
         backlog.admit(c)
+    assert early.first_byte_at is not None
     late.first_byte_at = early.first_byte_at + 0.5  # half a second further from its end
     wait = backlog.load(waiting=0, running=2, kv_usage=0.0).slot_wait
     now_after_early = time.perf_counter() - early.first_byte_at

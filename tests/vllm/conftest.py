@@ -36,7 +36,9 @@ def run_script(cmd: list[str], env: dict[str, str], timeout: float) -> None:
             check=False,
         )
     except subprocess.TimeoutExpired as exc:
-        pytest.fail(f"{' '.join(cmd)} did not finish in {timeout} s:\n{exc.stderr or ''}")
+        # TimeoutExpired carries bytes even from a run in text mode.
+        stderr = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else ""
+        pytest.fail(f"{' '.join(cmd)} did not finish in {timeout} s:\n{stderr}")
     if done.returncode != 0:
         pytest.fail(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stderr[-4000:]}")
 

@@ -15,13 +15,16 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from tests.vllm.conftest import metric
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(120, func_only=True)]
 
 GREEDY: dict[str, Any] = {"temperature": 0, "max_tokens": 8, "extra_body": {"ignore_eos": True}}
-MESSAGES = [{"role": "user", "content": "Tell me about prefix caching."}]
+MESSAGES: list[ChatCompletionMessageParam] = [
+    {"role": "user", "content": "Tell me about prefix caching."}
+]
 PROMPT = "def prefix_cache(blocks):"
 
 
@@ -36,7 +39,8 @@ def direct(vllm_url: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
     extra = body.pop("extra_body", {})
     r = httpx.post(vllm_url + path, json={"model": "tiny", **body, **extra}, timeout=30)
     r.raise_for_status()
-    return r.json()
+    answer: dict[str, Any] = r.json()
+    return answer
 
 
 def test_chat_matches_vllm(client: openai.OpenAI, vllm_urls: list[str]) -> None:
@@ -155,7 +159,7 @@ def test_multi_turn_conversation_hits_the_prefix_cache(client: openai.OpenAI) ->
     system = f"Session {uuid.uuid4()}. " + " ".join(
         f"Rule {i}: answer briefly and cite the line." for i in range(60)
     )
-    messages: list[dict[str, str]] = [{"role": "system", "content": system}]
+    messages: list[ChatCompletionMessageParam] = [{"role": "system", "content": system}]
     cached = []
     for turn in range(3):
         messages.append({"role": "user", "content": f"Question {turn}: what next?"})

@@ -11,10 +11,15 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
+from openai.types.responses import ResponseCompletedEvent, ResponseTextDeltaEvent
+from openai.types.responses.response_create_params import ResponseCreateParamsBase
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(120, func_only=True)]
 
-MESSAGES = [{"role": "user", "content": "What does the ledger record?"}]
+MESSAGES: list[ChatCompletionMessageParam] = [
+    {"role": "user", "content": "What does the ledger record?"}
+]
 BASE = {"model": "tiny", "temperature": 0, "max_tokens": 6, "ignore_eos": True}
 
 
@@ -26,10 +31,13 @@ def call(gateway_url: str, path: str, body: dict[str, Any]) -> tuple[str, str]:
 
 
 def received_usage(text: str, stream: bool) -> dict[str, Any]:
+    usage: dict[str, Any]
     if not stream:
-        return json.loads(text)["usage"]
+        usage = json.loads(text)["usage"]
+        return usage
     events = [json.loads(e[6:]) for e in text.split("\n\n") if e.startswith("data: {")]
-    return next(e["usage"] for e in events if e.get("usage"))
+    usage = next(e["usage"] for e in events if e.get("usage"))
+    return usage
 
 
 def ledger_row(db: Path, request_id: str) -> sqlite3.Row:
@@ -39,7 +47,7 @@ def ledger_row(db: Path, request_id: str) -> sqlite3.Row:
         with sqlite3.connect(db) as conn:
             conn.row_factory = sqlite3.Row
             row = conn.execute("SELECT * FROM ledger WHERE request_id = ?", (request_id,))
-            found = row.fetchone()
+            found: sqlite3.Row | None = row.fetchone()
         if found is not None or time.monotonic() > deadline:
             assert found is not None, f"no ledger row for {request_id}"
             return found
@@ -100,14 +108,16 @@ def test_the_responses_api_through_the_gateway_is_cached_and_metered_as_vllm_rep
     """The official SDK's responses.create, whole then streamed, on a repeated long
     prompt: vLLM's cached tokens grow, and each ledger row holds vLLM's usage."""
     with openai.OpenAI(base_url=gateway_url + "/v1", api_key="x", max_retries=0) as client:
-        args = {"model": "tiny", "instructions": LONG, "input": "Go on.", "temperature": 0,
-                "max_output_tokens": 6, "extra_body": {"ignore_eos": True}}  # fmt: skip
-        first = client.responses.with_raw_response.create(**args)
-        stream = client.responses.with_raw_response.create(**args, stream=True)
+        args: ResponseCreateParamsBase = {"model": "tiny", "instructions": LONG, "input": "Go on.",
+                                          "temperature": 0, "max_output_tokens": 6}  # fmt: skip
+        greedy = {"ignore_eos": True}
+        first = client.responses.with_raw_response.create(**args, extra_body=greedy)
+        stream = client.responses.with_raw_response.create(**args, stream=True, extra_body=greedy)
         events = list(stream.parse())
     whole = first.parse()
     done = events[-1]
-    assert (events[0].type, done.type) == ("response.created", "response.completed")
+    assert events[0].type == "response.created"
+    assert isinstance(done, ResponseCompletedEvent), done.type
     assert whole.usage is not None
     assert done.response.usage is not None
     assert done.response.usage.input_tokens_details.cached_tokens > 0
@@ -118,5 +128,5 @@ def test_the_responses_api_through_the_gateway_is_cached_and_metered_as_vllm_rep
             used.input_tokens, cached, used.output_tokens)  # fmt: skip
         assert (row["endpoint"], row["status"], row["estimated"]) == ("responses", 200, 0)
     assert done.response.output_text == "".join(
-        e.delta for e in events if e.type == "response.output_text.delta"
+        e.delta for e in events if isinstance(e, ResponseTextDeltaEvent)
     )

@@ -7,6 +7,7 @@ import os
 from typing import Any
 
 import openai
+from openai.types.chat import ChatCompletionChunk, ChatCompletionMessageParam
 
 from tests.e2e.batching.conftest import Upstreams, batched
 from tests.e2e.conftest import MODEL
@@ -14,7 +15,7 @@ from tests.e2e.conftest import MODEL
 CHAT = "/v1/chat/completions"
 
 
-def messages(tag: str) -> list[dict[str, str]]:
+def messages(tag: str) -> list[ChatCompletionMessageParam]:
     """A prompt no other test sends: the calls under test are alone in flight."""
     return [{"role": "user", "content": f"{tag} {os.urandom(6).hex()} tell me a story"}]
 
@@ -56,7 +57,9 @@ async def test_sampled_calls_are_not_coalesced(
     assert upstreams.posts(CHAT) - before == 3
 
 
-async def read_stream(stream: openai.AsyncStream, first: asyncio.Event | None = None) -> list:
+async def read_stream(
+    stream: openai.AsyncStream[ChatCompletionChunk], first: asyncio.Event | None = None
+) -> list[ChatCompletionChunk]:
     chunks = []
     async for chunk in stream:
         chunks.append(chunk)
@@ -76,7 +79,7 @@ def streamed(tag: str, max_tokens: int) -> dict[str, Any]:
     }
 
 
-def text(chunks: list) -> str:
+def text(chunks: list[ChatCompletionChunk]) -> str:
     return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
 
 

@@ -68,7 +68,7 @@ class Observed:
 def prometheus_config(gateway: str, sims: list[str]) -> dict[str, Any]:
     """deploy/prometheus/prometheus.yml (its jobs, its alert rules) aimed at the test's
     processes, scraping every second."""
-    config = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())
+    config: dict[str, Any] = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())
     config["global"] = {"scrape_interval": SCRAPE_INTERVAL, "evaluation_interval": "1s"}
     config["rule_files"] = [str(ALERTS)]
     targets = {"gateway": [gateway], "vllm": sims}

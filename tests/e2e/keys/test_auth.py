@@ -9,12 +9,13 @@ from datetime import UTC, datetime, timedelta
 import httpx
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from tests.e2e.conftest import MODEL, write_config
 from tests.e2e.keys.conftest import admin, auth_sections, backend_requests, issue_key
 from tests.servers import gateway_process
 
-MESSAGES = [{"role": "user", "content": "hello there"}]
+MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello there"}]
 
 
 @pytest.fixture(scope="module")
@@ -73,9 +74,9 @@ def test_refused_callers_get_openai_errors_and_no_backend_sees_the_call(
     assert raw.json()["error"]["code"] == "invalid_api_key"
     assert raw.json()["error"]["message"].startswith("You didn't provide an API key")
 
-    with pytest.raises(openai.NotFoundError) as info:
+    with pytest.raises(openai.NotFoundError) as not_found:
         call(gateway, narrow)
-    assert info.value.code == "model_not_found"
+    assert not_found.value.code == "model_not_found"
     assert backend_requests(sims) == before
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import asyncpg
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from gateway.ledger.models import to_usd
 from tests.conftest import REDIS_URL
@@ -21,7 +22,7 @@ from tests.e2e.conftest import MODEL, write_config
 from tests.e2e.keys.conftest import auth_sections, issue_key
 from tests.servers import gateway_process
 
-MESSAGES = [{"role": "user", "content": "count to three"}]
+MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "count to three"}]
 PRICE = {"input": "1", "cached_input": "0.5", "output": "2"}
 """USD per million tokens: a call of ~20 prompt and 2 completion tokens costs ~$0.000024."""
 

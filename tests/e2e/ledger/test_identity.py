@@ -11,6 +11,7 @@ from collections.abc import Iterator
 import httpx
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from gateway.keys.secret import end_user_key, hash_end_user
 from tests.e2e.conftest import MODEL
@@ -18,7 +19,7 @@ from tests.e2e.ledger.conftest import ADMIN, ledger_gateway
 from tests.e2e.ledger.wait import rows_when
 from tests.servers import ROOT
 
-MESSAGES = [{"role": "user", "content": "hello"}]
+MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello"}]
 
 
 @pytest.fixture(scope="module")
@@ -125,7 +126,11 @@ def test_each_calls_end_user_is_on_its_row_hashed(
     ids = {}
     for fields, end_user in calls:
         raw = client.chat.completions.with_raw_response.create(
-            model=MODEL, messages=MESSAGES, max_tokens=2, **fields
+            model=MODEL,
+            messages=MESSAGES,
+            max_tokens=2,
+            safety_identifier=fields.get("safety_identifier", openai.omit),
+            user=fields.get("user", openai.omit),
         )
         ids[raw.headers["x-gateway-request-id"]] = end_user
     rows = rows_when(

@@ -47,12 +47,12 @@ def test_a_known_mix_of_calls_gives_exact_rows_and_report(
     seen: dict[str, tuple[int, int, int]] = {}
 
     def chat(rid: str, stream: bool) -> None:
-        kwargs = {"stream_options": {"include_usage": True}} if stream else {}
         resp = client.chat.completions.create(
             model=MODEL, messages=[{"role": "user", "content": LONG}], max_tokens=6,
-            stream=stream, extra_headers={"x-request-id": rid}, **kwargs,
+            stream=stream, extra_headers={"x-request-id": rid},
+            stream_options={"include_usage": True} if stream else openai.omit,
         )  # fmt: skip
-        usage = list(resp)[-1].usage if stream else resp.usage
+        usage = list(resp)[-1].usage if isinstance(resp, openai.Stream) else resp.usage
         assert usage is not None
         cached = usage.prompt_tokens_details.cached_tokens if usage.prompt_tokens_details else 0
         seen[rid] = (usage.prompt_tokens, cached or 0, usage.completion_tokens)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 import httpx
 import openai
+from openai.types.chat import ChatCompletionMessageParam
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e.conftest import MODEL
@@ -48,7 +49,11 @@ def fresh_connections(base_url: str) -> Iterator[openai.OpenAI]:
     with (
         httpx.Client(limits=limits, timeout=30) as http,
         openai.OpenAI(
-            base_url=base_url + "/v1", api_key="unused", max_retries=0, http_client=http
+            base_url=base_url + "/v1",
+            api_key="unused",
+            max_retries=0,
+            # openai takes an httpx client at run time; its annotation names only httpx2's.
+            http_client=http,  # type: ignore[arg-type]
         ) as client,
     ):
         yield client
@@ -60,7 +65,9 @@ def run_mix(base_url: str, rounds: int = 2) -> Expected:
     prompt = " ".join(f"token{i}" for i in range(120))
     with fresh_connections(base_url) as client:
         for i in range(rounds):
-            messages = [{"role": "user", "content": f"{prompt} question {i}"}]
+            messages: list[ChatCompletionMessageParam] = [
+                {"role": "user", "content": f"{prompt} question {i}"}
+            ]
             raw = client.chat.completions.with_raw_response.create(
                 model=MODEL, messages=messages, max_tokens=4
             )

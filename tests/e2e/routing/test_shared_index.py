@@ -8,6 +8,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 import openai
+from openai.types.chat import ChatCompletionMessageParam
 
 from tests.e2e.conftest import MODEL, start_sims, write_config
 from tests.integration.index.redis_servers import RedisProcess
@@ -19,14 +20,17 @@ OPENING = " ".join(f"fact{i}" for i in range(250))
 
 def converse(clients: list[openai.OpenAI], turns: int) -> list[tuple[str, int, int]]:
     """One conversation, each turn through the next client: (backend, cached, prompt)."""
-    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": OPENING}]
+    messages: list[ChatCompletionMessageParam] = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": OPENING},
+    ]
     seen = []
     for turn in range(turns):
         client = clients[turn % len(clients)]
         raw = client.chat.completions.with_raw_response.create(
             model=MODEL,
             messages=messages,
-            max_tokens=8,  # type: ignore[arg-type]
+            max_tokens=8,
         )
         resp = raw.parse()
         assert resp.usage is not None

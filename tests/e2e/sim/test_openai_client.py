@@ -9,11 +9,12 @@ from collections.abc import Iterator
 
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from tests.servers import gateway_process
 
 MODEL = "tiny-sim"
-MESSAGES = [{"role": "user", "content": "Name three colours."}]
+MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Name three colours."}]
 
 
 @pytest.fixture(scope="module")

@@ -5,19 +5,20 @@ from __future__ import annotations
 import time
 
 import openai
+from openai.types.chat import ChatCompletionMessageParam
 
 from tests.e2e.sim.conftest import StartSim, client_for
 
 FAST = {"step_ms": 1.0, "prefill_token_ms": 0.001}
 
 
-def long_prompt(tag: str, words: int = 400) -> list[dict[str, str]]:
+def long_prompt(tag: str, words: int = 400) -> list[ChatCompletionMessageParam]:
     text = " ".join(f"{tag}{i}" for i in range(words))
     return [{"role": "system", "content": text}, {"role": "user", "content": "Summarise."}]
 
 
 async def cached(
-    client: openai.AsyncOpenAI, messages: list[dict[str, str]], max_tokens: int = 2
+    client: openai.AsyncOpenAI, messages: list[ChatCompletionMessageParam], max_tokens: int = 2
 ) -> int:
     reply = await client.chat.completions.create(
         model="sim", messages=messages, max_tokens=max_tokens
@@ -54,11 +55,13 @@ async def test_lru_eviction_makes_an_old_prefix_miss_again(start_sim: StartSim) 
 async def test_the_next_turn_hits_the_previous_answer(start_sim: StartSim) -> None:
     sim = await start_sim(**FAST)
     async with client_for(sim) as client:
-        turn1 = [{"role": "user", "content": "Tell me a story about caches."}]
+        turn1: list[ChatCompletionMessageParam] = [
+            {"role": "user", "content": "Tell me a story about caches."}
+        ]
         reply = await client.chat.completions.create(model="sim", messages=turn1, max_tokens=64)
         assert reply.usage is not None
         prompt1 = reply.usage.prompt_tokens
-        turn2 = [
+        turn2: list[ChatCompletionMessageParam] = [
             *turn1,
             {"role": "assistant", "content": reply.choices[0].message.content or ""},
             {"role": "user", "content": "And then?"},
@@ -69,7 +72,7 @@ async def test_the_next_turn_hits_the_previous_answer(start_sim: StartSim) -> No
         assert hit > prompt1
 
 
-async def ttft(client: openai.AsyncOpenAI, messages: list[dict[str, str]]) -> float:
+async def ttft(client: openai.AsyncOpenAI, messages: list[ChatCompletionMessageParam]) -> float:
     start = time.perf_counter()
     stream = await client.chat.completions.create(
         model="sim", messages=messages, max_tokens=2, stream=True

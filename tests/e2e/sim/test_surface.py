@@ -7,18 +7,20 @@ import asyncio
 import httpx
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from gateway.sim import RunningSimulator
 from tests.e2e.sim.conftest import StartSim, client_for, scrape
 
 LABELS = '{engine="0",model_name="sim"}'
-CHAT = {"model": "sim", "messages": [{"role": "user", "content": "hi"}]}
+MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
+CHAT = {"model": "sim", "messages": MESSAGES}
 
 
 async def test_metrics_parse_with_vllm_names(start_sim: StartSim) -> None:
     sim = await start_sim(step_ms=1.0)
     async with client_for(sim) as client:
-        await client.chat.completions.create(model="sim", messages=CHAT["messages"], max_tokens=3)
+        await client.chat.completions.create(model="sim", messages=MESSAGES, max_tokens=3)
     samples = await scrape(sim)
     for name in (
         "vllm:num_requests_running",
@@ -134,7 +136,7 @@ async def test_the_official_client_raises_its_own_error_types(start_sim: StartSi
     sim = await start_sim()
     async with client_for(sim) as client:
         with pytest.raises(openai.NotFoundError):
-            await client.chat.completions.create(model="nope", messages=CHAT["messages"])
+            await client.chat.completions.create(model="nope", messages=MESSAGES)
         with pytest.raises(openai.BadRequestError):
             await client.completions.create(model="sim", prompt="x", max_tokens=0)
 
@@ -165,7 +167,7 @@ async def test_instant_streams_parse_like_scheduled_ones(start_sim: StartSim) ->
         async with client_for(sim) as client:
             stream = await client.chat.completions.create(
                 model="sim",
-                messages=CHAT["messages"],
+                messages=MESSAGES,
                 max_tokens=5,
                 stream=True,
                 stream_options={"include_usage": True},

@@ -35,11 +35,13 @@ def registered(registry: CollectorRegistry) -> dict[str, tuple[str, tuple[str, .
     A labelled metric shows its labels only once a child exists, so they are read from
     prometheus-client's metric objects (_name, _type, _labelnames), not from a scrape.
     """
-    out = {}
+    out: dict[str, tuple[str, tuple[str, ...]]] = {}
     for collector in registry._collector_to_names:
         assert isinstance(collector, MetricWrapperBase), collector
-        suffix = "_total" if collector._type == "counter" else ""
-        out[collector._name + suffix] = (collector._type, tuple(collector._labelnames))
+        kind = collector._type
+        assert kind is not None, collector
+        suffix = "_total" if kind == "counter" else ""
+        out[collector._name + suffix] = (kind, tuple(collector._labelnames))
     return out
 
 

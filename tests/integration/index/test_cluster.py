@@ -5,7 +5,7 @@ from __future__ import annotations
 import redis
 
 from gateway.index import open_index
-from gateway.settings import Settings
+from gateway.settings import load_settings
 from tests.integration.index.redis_servers import RedisProcess
 
 MODELS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta"]
@@ -13,9 +13,9 @@ A = list(range(1, 30))
 
 
 async def test_lookups_records_and_capacity_on_a_cluster(cluster: list[RedisProcess]) -> None:
-    settings = Settings(
+    settings = load_settings(
         redis={"url": f"redis://127.0.0.1:{cluster[0].port}/0", "cluster": True},
-    )  # type: ignore[arg-type]
+    )
     index = open_index(settings)
     index.bound("b0", 20 * 16)
     await index.start()

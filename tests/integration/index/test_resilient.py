@@ -10,7 +10,7 @@ import pytest
 
 from gateway.index import open_index
 from gateway.index.base import PrefixIndex
-from gateway.settings import Settings
+from gateway.settings import Settings, load_settings
 from tests.conftest import free_port
 from tests.integration.index.redis_servers import RedisProcess
 
@@ -19,9 +19,9 @@ B = list(range(11, 19))
 
 
 def settings(port: int) -> Settings:
-    return Settings(
+    return load_settings(
         redis={"url": f"redis://127.0.0.1:{port}/0", "timeout": 0.1, "probe_interval": 0.1},
-    )  # type: ignore[arg-type]
+    )
 
 
 async def eventually(check: Callable[[], bool]) -> None:

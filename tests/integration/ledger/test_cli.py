@@ -63,7 +63,7 @@ async def test_report_command(pg_db_url: str, tmp_path: Path) -> None:
         "0.4000,0.1429,0.1200000000,0.6000000000,,,500"
     ]
     assert team_day[-1].startswith("TOTAL,,3,0,0,3000,")
-    table = report(pg_db_url, "--group-by", "team", "--format", "table").splitlines()
-    assert table[0].split()[:4] == ["team", "served", "refused", "failed"]
-    assert table[1].split()[-4:] == ["0.6000000000", "-", "-", "500"]
-    assert [line.split()[0] for line in table[1:]] == ["team-a", "team-b", "TOTAL"]
+    lines = report(pg_db_url, "--group-by", "team", "--format", "table").splitlines()
+    assert lines[0].split()[:4] == ["team", "served", "refused", "failed"]
+    assert lines[1].split()[-4:] == ["0.6000000000", "-", "-", "500"]
+    assert [line.split()[0] for line in lines[1:]] == ["team-a", "team-b", "TOTAL"]

@@ -12,6 +12,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import pytest
@@ -175,7 +176,7 @@ async def test_poison_and_a_thousand_calls_before_and_after_a_restart(
     assert all(x.error.startswith("22021: ") for x in letters)  # invalid byte sequence
 
 
-def gateway_ledger(url: str, *args: str) -> tuple[int, dict[str, object]]:
+def gateway_ledger(url: str, *args: str) -> tuple[int, dict[str, Any]]:
     done = subprocess.run(
         [sys.executable, "-m", "gateway", "ledger", *args, "--database-url", url],
         capture_output=True, text=True, timeout=60, cwd=ROOT, check=False,
@@ -196,14 +197,14 @@ async def test_dead_letters_are_listed_and_replayed_from_the_cli(
     await ledger.aclose()
 
     status, listed = await asyncio.to_thread(gateway_ledger, db_url, "dead-letters")
-    [entry] = listed["data"]  # type: ignore[misc]
+    [entry] = listed["data"]
     assert entry["request_id"] == bad.request_id
     assert entry["row"]["model"] == bad.model
 
     status, as_is = await asyncio.to_thread(gateway_ledger, db_url, "replay")
     assert status == 1  # refused again: it stays
     assert as_is["written"] == []
-    assert [x["id"] for x in as_is["refused"]] == [entry["id"]]  # type: ignore[attr-defined]
+    assert [x["id"] for x in as_is["refused"]] == [entry["id"]]
 
     status, cleaned = await asyncio.to_thread(gateway_ledger, db_url, "replay", "--clean")
     assert (status, cleaned) == (0, {"written": [entry["id"]], "refused": []})

@@ -169,7 +169,7 @@ async def test_mix_gives_exact_rows_and_report(
     assert got == TEAM_REPORT
     async with engine.connect() as conn:
         total = (await conn.execute(select(func.sum(LedgerRow.cost_total)))).scalar_one()
-    assert to_usd(total) == Decimal(TEAM_REPORT["TOTAL"]["cost_total"])
+    assert to_usd(total) == Decimal(str(TEAM_REPORT["TOTAL"]["cost_total"]))
     by_model = (await cost_report(engine, None, None, ("model",))).to_json()
     # Cheapest effective prompt price first: gamma 0.0000005308 for 7 tokens (0.0758 per
     # million), alpha 0.0002424 for 2000 (0.1212), beta 0.008124 for 2333 (3.48).
@@ -312,8 +312,8 @@ async def test_a_report_by_end_user_totals_each_end_users_calls_exactly(
     assert got == {
         (None if name is None else hash_end_user(name, key)): (
             len(prompts), sum(prompts),
-            str(sum((Decimal(p) * Decimal(price["input"]) + 10 * Decimal(price["output"]))
-                    / 1_000_000 for p in prompts).quantize(Decimal("1E-10"))),
+            str(sum(((Decimal(p) * Decimal(price["input"]) + 10 * Decimal(price["output"]))
+                     / 1_000_000 for p in prompts), Decimal(0)).quantize(Decimal("1E-10"))),
         )
         for name, prompts in spent.items()
     }  # fmt: skip

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
 from decimal import Decimal
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from gateway.ledger import Ledger
 from gateway.ledger.db import make_engine
 from gateway.ledger.migrate import upgrade
 from gateway.ledger.models import to_units
+from gateway.ledger.rows import Row
 from tests.integration.ledger.factory import ledger_settings, make_call, record
 from tests.integration.ledger.postgres import PrivatePostgres
 
@@ -41,6 +43,7 @@ async def ledger_counts(url: str) -> tuple[int, int, str]:
         )
     finally:
         await conn.close()
+    assert row is not None
     return row[0], row[1], row[2]
 
 
@@ -143,7 +146,7 @@ async def test_a_surprise_in_the_write_spools_the_batch_instead_of_losing_it(
     sink = writer._sink
     real_insert = sink.insert
 
-    async def broken(rows: object) -> object:
+    async def broken(rows: Sequence[Row]) -> list[Row]:
         raise TypeError("an encoder that does not know this column")
 
     sink.insert = broken  # type: ignore[method-assign]

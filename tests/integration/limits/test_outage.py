@@ -7,6 +7,7 @@ or freeze; the machine's Redis is never touched.
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -122,7 +123,7 @@ async def test_local_shares_hold_across_replicas_and_shared_limits_resume(
                 assert await _allowed(pair[i], plans[i])
         # 40 of 60 left in the shared bucket (less what the leases hold): 20 for each
         server.kill()
-        during = [await served(lambda i=i: _allowed(pair[i], plans[i]), 100) for i in (0, 1)]
+        during = [await served(functools.partial(_allowed, pair[i], plans[i]), 100) for i in (0, 1)]
         for r in registries:
             assert degraded(r, "local") == 1
         refilled = math.ceil((time.monotonic() - started) * 0.5) + 1  # 30 a minute each
@@ -130,12 +131,11 @@ async def test_local_shares_hold_across_replicas_and_shared_limits_resume(
             assert 18 <= n <= 21 + refilled  # its share of what was left, and its lease's unit
         assert 20 + sum(during) <= 60 + 2 * refilled
         server.start()  # empty again: a full bucket of 60, less what the outage took
-        for r in registries:
-            await eventually(lambda r=r: degraded(r, "local") == 0)
+        await eventually(lambda: all(degraded(r, "local") == 0 for r in registries))
         restarted = time.monotonic()
         for limiter in pair:
             await limiter.flush()  # the outage's charges land
-        after = [await served(lambda i=i: _allowed(pair[i], plans[i]), 100) for i in (0, 1)]
+        after = [await served(functools.partial(_allowed, pair[i], plans[i]), 100) for i in (0, 1)]
         # (and a unit each may still hold from a lease granted before the outage)
         total = sum(during) + sum(after)
         assert 60 <= total <= 62 + math.ceil(time.monotonic() - restarted), (during, after)
@@ -217,7 +217,7 @@ async def test_a_timeout_is_not_an_outage(server: RedisProcess) -> None:
         verdict = await waiting
         assert not verdict.allowed
         assert verdict.refused_by == plan.buckets[0]
-        assert registry.get_sample_value("gateway_limits_errors_total") >= 1
+        assert (registry.get_sample_value("gateway_limits_errors_total") or 0) >= 1
         assert degraded(registry, "open") == 0
     finally:
         await limiter.aclose()

@@ -1,6 +1,7 @@
 import asyncio
 import json
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -20,8 +21,10 @@ def event(data: object) -> bytes:
     return b"data: " + orjson.dumps(data) + b"\n\n"
 
 
-def chunk(delta: dict | None = None, text: str | None = None, finish: str | None = None) -> bytes:
-    choice: dict = {"index": 0, "finish_reason": finish}
+def chunk(
+    delta: dict[str, Any] | None = None, text: str | None = None, finish: str | None = None
+) -> bytes:
+    choice: dict[str, Any] = {"index": 0, "finish_reason": finish}
     if delta is not None:
         choice["delta"] = delta
     if text is not None:

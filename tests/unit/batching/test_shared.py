@@ -19,7 +19,8 @@ async def collect(listener: Listener) -> list[bytes]:
 
 
 async def test_a_late_listener_replays_from_the_start_then_follows() -> None:
-    up, ended = FakeUpstream(), []
+    up = FakeUpstream()
+    ended: list[SharedAnswer] = []
     shared = SharedAnswer(up, on_end=ended.append)
     first = shared.listen()
     assert first is not None

@@ -73,12 +73,14 @@ def exported() -> set[str]:
 
 @pytest.fixture(scope="session")
 def dashboard() -> dict[str, Any]:
-    return json.loads(DASHBOARD.read_text())
+    board: dict[str, Any] = json.loads(DASHBOARD.read_text())
+    return board
 
 
 @pytest.fixture(scope="session")
 def datasources() -> list[dict[str, Any]]:
-    return yaml.safe_load(DATASOURCES.read_text())["datasources"]
+    sources: list[dict[str, Any]] = yaml.safe_load(DATASOURCES.read_text())["datasources"]
+    return sources
 
 
 def load_alert_rules() -> list[dict[str, Any]]:

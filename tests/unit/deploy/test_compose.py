@@ -25,7 +25,8 @@ def interpolate(text: str) -> str:
 
 @pytest.fixture(scope="module")
 def compose() -> dict[str, Any]:
-    return yaml.safe_load(interpolate(COMPOSE.read_text()))
+    services: dict[str, Any] = yaml.safe_load(interpolate(COMPOSE.read_text()))
+    return services
 
 
 def test_valid_against_the_compose_spec(compose: dict[str, Any]) -> None:

@@ -1,4 +1,5 @@
 import asyncio
+import functools
 import logging
 
 import pytest
@@ -65,7 +66,7 @@ async def test_size_is_bounded_longest_loaded_first() -> None:
     src = Source({})
     cache: LookupCache[str] = LookupCache(60.0, 3)
     for k in "abcd":
-        await cache.get(k, lambda k=k: src.load(k))
+        await cache.get(k, functools.partial(src.load, k))
     assert len(cache) == 3
     await cache.get("a", lambda: src.load("a"))
     assert src.loads == 5  # "a" was forgotten, loaded again; now c, d, a

@@ -17,9 +17,8 @@ def version(id_: int, model: str, start: datetime, output: str) -> PriceVersion:
 def test_the_version_in_force_at_a_time() -> None:
     book = PriceBook([version(2, "m", T0 + timedelta(days=1), "2"), version(1, "m", T0, "1")])
     assert book.at("m", (T0 - timedelta(seconds=1)).timestamp()) is None
-    assert [book.at("m", (T0 + timedelta(hours=h)).timestamp()).id for h in (0, 23, 24, 99)] == [
-        1, 1, 2, 2
-    ]  # fmt: skip
+    found = [book.at("m", (T0 + timedelta(hours=h)).timestamp()) for h in (0, 23, 24, 99)]
+    assert [v.id if v else None for v in found] == [1, 1, 2, 2]
     assert book.at("other", T0.timestamp()) is None
     assert book.at(None, T0.timestamp()) is None
 

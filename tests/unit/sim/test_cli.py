@@ -4,6 +4,7 @@ import socket
 import pytest
 
 from gateway.sim import cli
+from gateway.sim.config import SimConfig
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -28,7 +29,7 @@ def test_one_speed_for_all_or_one_per_instance() -> None:
 
 def test_defaults_are_simconfigs() -> None:
     (config,) = cli.configs(parse())
-    assert config == cli.SimConfig()
+    assert config == SimConfig()
 
 
 @pytest.mark.parametrize(

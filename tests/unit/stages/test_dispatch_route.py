@@ -10,7 +10,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from gateway.backends import BackendPool
+from gateway.answers import Answer, FixedAnswer
+from gateway.backends import Backend, BackendPool
 from gateway.flow import Call, PrefixKey, Request
 from gateway.metrics import GatewayMetrics
 from gateway.settings import RoutingSettings, load_settings
@@ -32,8 +33,8 @@ class SlowIndex:
 
 
 class Upstream:
-    async def send(self, call: Call, backend: Any, payload: bytes) -> str:
-        return backend.name
+    async def send(self, call: Call, backend: Backend, payload: bytes) -> Answer:
+        return FixedAnswer(b"{}", {})
 
 
 def call(n: int) -> Call:
@@ -66,4 +67,4 @@ async def test_calls_routed_together_see_each_others_load() -> None:
     first = rendezvous(idle, 1)
     other = next(n for n in range(2, 1000) if rendezvous(idle, n) == first)
     picked = await asyncio.gather(*(dispatch(call(n), model, b"{}", svc) for n in (1, other)))
-    assert sorted(name for _, name in picked) == ["127.0.0.1:1", "127.0.0.1:2"]
+    assert sorted(backend.name for backend, _ in picked) == ["127.0.0.1:1", "127.0.0.1:2"]

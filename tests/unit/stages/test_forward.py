@@ -1,10 +1,12 @@
+from typing import Any
+
 import orjson
 
 from gateway.flow import Request
 from gateway.stages.forward import upstream_body
 
 
-def _request(body: dict, stream: bool, include_usage: bool) -> Request:
+def _request(body: dict[str, Any], stream: bool, include_usage: bool) -> Request:
     return Request("chat", "m", body, stream=stream, include_usage=include_usage)
 
 

@@ -8,7 +8,9 @@ from typing import Any
 import pytest
 
 from gateway.errors import InvalidRequest
-from gateway.stages.parse import MAX_DEPTH, parse
+from gateway.flow import Endpoint
+from gateway.stages.messages import MAX_DEPTH
+from gateway.stages.parse import parse
 
 GOOD: list[dict[str, Any]] = [
     {"role": "system", "content": "be brief"},
@@ -122,7 +124,7 @@ def nested(levels: int) -> Any:
     ],
 )  # fmt: skip
 def test_a_body_nested_too_deeply_is_refused_naming_its_field(body: bytes, param: str) -> None:
-    endpoint = "chat" if b"messages" in body else "completions"
+    endpoint: Endpoint = "chat" if b"messages" in body else "completions"
     with pytest.raises(InvalidRequest) as info:
         parse(body, endpoint)
     assert info.value.param == param

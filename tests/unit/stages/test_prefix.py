@@ -208,7 +208,12 @@ def test_reply_key_is_the_next_turns_prefix(hasher: PrefixHasher) -> None:
     assert after.hashes[: len(now.hashes)] == now.hashes
     assert after.anchor == now.anchor
     # A client resends the reply as an SDK message object, empty fields and all.
-    sdk_reply = {"role": "assistant", "content": reply, "refusal": None, "tool_calls": []}
+    sdk_reply: dict[str, Any] = {
+        "role": "assistant",
+        "content": reply,
+        "refusal": None,
+        "tool_calls": [],
+    }
     messages = [*turn.body["messages"], sdk_reply, {"role": "user", "content": "Why twice?"}]
     later = hasher.key(Request(endpoint="chat", model="m", body={"messages": messages}), ENC)
     assert later.hashes[: len(after.hashes)] == after.hashes
