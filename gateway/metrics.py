@@ -12,7 +12,7 @@ import os
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import TypeVar, cast
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.metrics import MetricWrapperBase
@@ -224,7 +224,7 @@ class GatewayMetrics:
         found = self._children.get(key)
         if found is None:
             found = self._children[key] = metric.labels(*values)
-        return found  # type: ignore[return-value]
+        return cast(M, found)  # the key holds the metric, so this is a child of its type
 
     def series(self, model: str, backend: str, endpoint: str, stream: str) -> CallSeries:
         """The per-call series of this combination (label values bounded as in child)."""

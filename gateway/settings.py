@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_settings import (
     BaseSettings,
+    InitSettingsSource,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     YamlConfigSettingsSource,
@@ -317,7 +318,8 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        yaml_file = init_settings.init_kwargs.pop("_config_file", None)  # type: ignore[attr-defined]
+        assert isinstance(init_settings, InitSettingsSource)
+        yaml_file = init_settings.init_kwargs.pop("_config_file", None)
         sources: list[PydanticBaseSettingsSource] = [env_settings, init_settings]
         if yaml_file is not None:
             sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=yaml_file))
@@ -333,6 +335,7 @@ def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Se
     if config_file is not None and not Path(config_file).is_file():
         raise SettingsError(f"config file not found: {config_file}")
     try:
+        # _config_file is no field: settings_customise_sources takes it off the init values.
         return Settings(_config_file=config_file, **overrides)  # type: ignore[call-arg]
     except ValueError as exc:
         raise SettingsError(f"invalid settings: {exc}") from exc

@@ -31,7 +31,8 @@ router = APIRouter()
 
 async def services(request: Request) -> Services:
     """Async on purpose: FastAPI runs a plain function dependency in a thread pool."""
-    return request.app.state.services  # type: ignore[no-any-return]
+    svc: Services = request.app.state.services
+    return svc
 
 
 ServicesDep = Annotated[Services, Depends(services)]

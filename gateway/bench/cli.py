@@ -22,7 +22,7 @@ import sys
 from collections.abc import Coroutine
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
 
@@ -40,8 +40,12 @@ from gateway.bench.workloads import (
     Workload,
 )
 
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
 WORKLOAD_NAMES = ("shared-prefix", "multi-turn", "mixed", "tiny", "agents", "documents", "tenants")
 T = TypeVar("T")
+D = TypeVar("D", bound="DataclassInstance")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -188,8 +192,8 @@ def workload_from_args(args: argparse.Namespace) -> Workload:
     return chosen[args.workload]
 
 
-def _override(base: T, **changes: int | None) -> T:
-    return replace(base, **{k: v for k, v in changes.items() if v is not None})  # type: ignore[type-var]
+def _override(base: D, **changes: int | None) -> D:
+    return replace(base, **{k: v for k, v in changes.items() if v is not None})
 
 
 def options_from_args(args: argparse.Namespace) -> runner.Options:

@@ -113,7 +113,9 @@ def wrk(url: str, lua: Path, connections: int, seconds: float) -> tuple[float, f
     ).stdout  # fmt: skip
     if re.search(r"Non-2xx or 3xx responses: \d+", out):
         raise RuntimeError(f"errors from {url}:\n{out}")
-    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
+    rate = re.search(r"Requests/sec:\s+([\d.]+)", out)
+    assert rate is not None, out
+    rps = float(rate.group(1))
     p50 = re.search(r"50%\s+([\d.]+)(us|ms|s)\b", out)
     assert p50 is not None, out
     scale = {"us": 0.001, "ms": 1.0, "s": 1000.0}[p50.group(2)]

@@ -32,6 +32,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal, get_args
 
 from gateway.bench.overhead import process
 from gateway.bench.routers import ROUTERS, Setup, rust_router
@@ -40,10 +41,22 @@ CHAT_LUA = Path(__file__).resolve().parents[2] / "deploy" / "wrk" / "chat.lua"
 HZ = os.sysconf("SC_CLK_TCK")
 
 
+Kind = Literal["gateway", "granian", "vllm-router", "sglang-router"]
+KINDS: tuple[Kind, ...] = get_args(Kind)
+
+
+def target_kind(text: str) -> Kind:
+    """The kind a --target names; an unknown one stops the run before anything starts."""
+    for kind in KINDS:
+        if text == kind:
+            return kind
+    raise SystemExit(f"bench.paired: unknown target kind {text!r} (one of {', '.join(KINDS)})")
+
+
 @dataclass
 class Target:
     name: str
-    kind: str
+    kind: Kind
     option: str
     tree: str
     """Another checkout to run the gateway from (empty: this one)."""
@@ -82,7 +95,7 @@ def command(
     """The target's command line, environment and readiness URL."""
     url = f"http://127.0.0.1:{t.port}"
     sim = f"http://127.0.0.1:{t.sim_port}"
-    if t.kind in ("gateway", "granian"):
+    if t.kind == "gateway" or t.kind == "granian":
         config = tmp / f"{t.name}.yaml"
         database = args.database_url or f"sqlite:///{tmp}/{t.name}.db"
         config.write_text(
@@ -107,7 +120,7 @@ def command(
                    "--port", str(t.port), "--workers", workers,
                    "gateway.serve:worker_app"]  # fmt: skip
         return cmd, env, url + "/health"
-    setup = Setup(t.name, t.kind, ("--policy", t.option or "cache_aware"))  # type: ignore[arg-type]
+    setup = Setup(t.name, t.kind, ("--policy", t.option or "cache_aware"))
     return rust_router(setup, [sim], t.port, args.routers), dict(os.environ), url + "/v1/models"
 
 
@@ -179,7 +192,7 @@ def run(args: argparse.Namespace) -> None:
         kind, _, tree = kind.partition("@")
         kind, _, option = kind.partition(":")
         base = args.port_base + 10 * i
-        targets.append(Target(name, kind, option, tree, base + 1, base))
+        targets.append(Target(name, target_kind(kind), option, tree, base + 1, base))
     tmp = Path(tempfile.mkdtemp(prefix="gw-paired-"))
     loads: list[float] = []
     with contextlib.ExitStack() as stack:

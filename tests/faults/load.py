@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
 import openai
-from openai.types.chat import ChatCompletionMessageParam
+from openai.types.chat import ChatCompletion, ChatCompletionChunk, ChatCompletionMessageParam
 
 from tests.e2e.conftest import MODEL
 
@@ -166,7 +166,7 @@ async def one_call(
             stream_options={"include_usage": True} if stream else openai.omit,
         )
         status, request_id = raw.status_code, call_id(raw.headers)
-        error = await read_answer(raw.parse(), stream)
+        error = await read_answer(raw.parse())
     except openai.APIStatusError as exc:
         status, request_id = exc.status_code, call_id(exc.response.headers)
         error = type(exc).__name__
@@ -179,12 +179,13 @@ def call_id(headers: Mapping[str, str]) -> str | None:
     return headers.get("x-gateway-request-id") or headers.get("x-request-id")
 
 
-async def read_answer(answer: object, stream: bool) -> str | None:
+async def read_answer(
+    answer: ChatCompletion | openai.AsyncStream[ChatCompletionChunk],
+) -> str | None:
     """None if the answer is whole: a completion, or a stream that ended with its usage."""
-    if not stream:
-        ok = getattr(answer, "choices", None) and getattr(answer, "usage", None)
-        return None if ok else "incomplete answer"
+    if isinstance(answer, ChatCompletion):
+        return None if answer.choices and answer.usage else "incomplete answer"
     usage = None
-    async for chunk in answer:  # type: ignore[attr-defined]
+    async for chunk in answer:
         usage = chunk.usage or usage
     return None if usage is not None else "stream ended without usage"

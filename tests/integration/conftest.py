@@ -12,7 +12,7 @@ import pytest
 
 from gateway.app import create_app
 from gateway.services import Services
-from gateway.settings import Settings
+from gateway.settings import load_settings
 
 
 @dataclass
@@ -24,9 +24,9 @@ class InProcess:
 
 @pytest.fixture
 async def in_process(tmp_path: Path) -> AsyncIterator[InProcess]:
-    settings = Settings(
-        database={"url": f"sqlite:///{tmp_path}/ledger.db"},  # type: ignore[arg-type]
-        ledger={"spool_dir": str(tmp_path / "spool")},  # type: ignore[arg-type]
+    settings = load_settings(
+        database={"url": f"sqlite:///{tmp_path}/ledger.db"},
+        ledger={"spool_dir": str(tmp_path / "spool")},
     )
     app = create_app(settings)
     # Starlette raises a route's exception again once it has answered (for the server's

@@ -150,6 +150,7 @@ def services(steps: list[str], *answers: Answer | GatewayError) -> Any:
         registry=registry,
         metrics=metrics,
         backends=BackendPool(settings.models, settings.upstream, metrics),
+        # Fakes for the concrete clients Services names (it holds no Protocols for them).
         upstream=Upstream(list(answers)),  # type: ignore[arg-type]
         prefix=PrefixHasher(settings.prefix),
         index=MemoryIndex(settings.routing, settings.prefix),

@@ -10,9 +10,10 @@ import asyncio
 import threading
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import ExitStack
 from pathlib import Path
+from typing import TypeVar
 
 import aiohttp
 import httpx
@@ -147,3 +148,13 @@ def batched(gateway: str, mechanism: str) -> float:
         for line in text.splitlines()
         if line.startswith(prefix) and f'mechanism="{mechanism}"' in line
     )
+
+
+T = TypeVar("T")
+
+
+def all_of(kind: type[T], results: Sequence[object]) -> list[T]:
+    """Gathered results (return_exceptions=True), each checked to be a ``kind``."""
+    typed = [r for r in results if isinstance(r, kind)]
+    assert len(typed) == len(results), results
+    return typed

@@ -9,7 +9,7 @@ from typing import Any
 import openai
 from openai.types.chat import ChatCompletionChunk, ChatCompletionMessageParam
 
-from tests.e2e.batching.conftest import Upstreams, batched
+from tests.e2e.batching.conftest import Upstreams, all_of, batched
 from tests.e2e.conftest import MODEL
 
 CHAT = "/v1/chat/completions"
@@ -136,6 +136,5 @@ async def test_an_upstream_error_reaches_every_caller(
         ),
         return_exceptions=True,
     )
-    assert all(isinstance(r, openai.BadRequestError) for r in results), results
-    assert len({r.message for r in results}) == 1  # type: ignore[union-attr]
+    assert len({r.message for r in all_of(openai.BadRequestError, results)}) == 1
     assert 1 <= upstreams.posts(CHAT) - before <= 4

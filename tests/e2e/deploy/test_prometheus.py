@@ -84,7 +84,8 @@ def query(prometheus: str, expr: str) -> list[dict[str, Any]]:
     resp = httpx.get(prometheus + "/api/v1/query", params={"query": expr}, timeout=30)
     body = resp.json()
     assert body["status"] == "success", f"{expr}: {body.get('error')}"
-    return body["data"]["result"]  # type: ignore[no-any-return]
+    result: list[dict[str, Any]] = body["data"]["result"]
+    return result
 
 
 def burst(base_url: str, prompt: str, n: int = 6) -> int:

@@ -74,7 +74,7 @@ def test_a_previous_response_id_is_refused_with_the_reason(
 ) -> None:
     with pytest.raises(openai.BadRequestError) as err:
         client.responses.create(model=MODEL, input="Go on.", previous_response_id="resp_1")
-    assert err.value.body["param"] == "previous_response_id"  # type: ignore[index]
+    assert err.value.param == "previous_response_id"
     assert "input" in err.value.message
 
 

@@ -9,7 +9,9 @@ from dataclasses import dataclass, field
 
 import httpx
 import openai
+from openai.types import CompletionUsage
 from openai.types.chat import ChatCompletionMessageParam
+from openai.types.create_embedding_response import Usage as EmbeddingUsage
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e.conftest import MODEL
@@ -31,7 +33,7 @@ class Expected:
     overheads: list[float] = field(default_factory=list)
     """x-gateway-overhead-ms of every successful call, as the client saw it."""
 
-    def add(self, endpoint: str, usage: openai.types.CompletionUsage | None) -> None:
+    def add(self, endpoint: str, usage: CompletionUsage | EmbeddingUsage | None) -> None:
         self.requests[endpoint, "200"] += 1
         self.dispatched += 1
         assert usage is not None
@@ -98,7 +100,7 @@ def run_mix(base_url: str, rounds: int = 2) -> Expected:
             exp.add("completions", streamed[-1].usage)
             exp.streamed += 1
             emb = client.embeddings.create(model=MODEL, input=[f"a {i}", f"b {i}"])
-            exp.add("embeddings", emb.usage)  # type: ignore[arg-type]
+            exp.add("embeddings", emb.usage)
         try:
             client.chat.completions.create(
                 model="no-such-model", messages=[{"role": "user", "content": "x"}]

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import httpx
 import openai
@@ -17,8 +18,8 @@ async def start_sim() -> AsyncIterator[StartSim]:
     """Start in-process simulators (SimConfig keywords); all are closed after the test."""
     started: list[RunningSimulator] = []
 
-    async def start(**options: object) -> RunningSimulator:
-        sim = await start_simulator(SimConfig(model="sim", **options))  # type: ignore[arg-type]
+    async def start(**options: Any) -> RunningSimulator:
+        sim = await start_simulator(SimConfig(model="sim", **options))
         started.append(sim)
         return sim
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import pytest
 
@@ -23,8 +24,8 @@ async def make(request: pytest.FixtureRequest, redis_prefix: str) -> AsyncIterat
     """Build started indexes with the given routing settings; all closed afterwards."""
     made: list[PrefixIndex] = []
 
-    def build(**routing: object) -> PrefixIndex:
-        rs = RoutingSettings(**routing)  # type: ignore[arg-type]
+    def build(**routing: Any) -> PrefixIndex:
+        rs = RoutingSettings(**routing)
         ps = PrefixSettings(block_size=16)
         if request.param == "memory":
             index: PrefixIndex = MemoryIndex(rs, ps)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -17,7 +18,7 @@ from gateway.ledger.db import make_engine
 from gateway.settings import AuthSettings
 
 
-def keys(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, object, str]:
+def keys(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, Any, str]:
     code = main(["keys", *argv])
     out = capsys.readouterr()
     return code, json.loads(out.out) if code == 0 else None, out.err
@@ -45,7 +46,7 @@ def test_issue_list_and_disable(db_url: str, tmp_path: Path,
     code, team, _ = keys(capsys, "teams", "create", "search", "--rpm", "600", "--budget", "50",
                          "--budget-period", "day", *common)  # fmt: skip
     assert code == 0
-    assert team == {**team, "name": "search", "rpm": 600, "budget_usd": "50",  # type: ignore[dict-item]
+    assert team == {**team, "name": "search", "rpm": 600, "budget_usd": "50",
                     "budget_period": "day"}  # fmt: skip
     assert keys(capsys, "teams", "create", "search", *common)[0] == 1
     code, _, err = keys(capsys, "create", "--team", "ghost", *common)

@@ -11,6 +11,7 @@ import asyncio
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -54,9 +55,9 @@ def metric(registry: CollectorRegistry, name: str) -> float:
     return value
 
 
-async def until(check: object, seconds: float = 30) -> None:
+async def until(check: Callable[[], object], seconds: float = 30) -> None:
     for _ in range(int(seconds * 20)):
-        if check():  # type: ignore[operator]
+        if check():
             return
         await asyncio.sleep(0.05)
     raise AssertionError("timed out waiting for the ledger")

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -18,12 +19,12 @@ def redis_limiter(
     prefix: str,
     registry: CollectorRegistry,
     limits: LimitsSettings | None = None,
-    **kw: object,
+    **kw: Any,
 ) -> RedisLimiter:
     """A Redis limiter whose client, as the gateway's (redis_client.py), never retries:
     the limiter decides what a timeout or a failure means. (A plain pool: the gateway's
     blocking one makes the lease tests' drains slower than their 0.2 s leases.)"""
-    settings = RedisSettings(url=url, key_prefix=prefix, **kw)  # type: ignore[arg-type]
+    settings = RedisSettings(url=url, key_prefix=prefix, **kw)
     limits = limits or LimitsSettings()
     t = limits.redis_timeout
     client = Redis.from_url(url, socket_timeout=t, socket_connect_timeout=t,

@@ -1,5 +1,6 @@
 from datetime import UTC, datetime
 from decimal import Decimal
+from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -15,8 +16,8 @@ AT = datetime(2026, 11, 29, 15, 30, tzinfo=UTC)
 DAY = int(AT.timestamp() // 86400)
 
 
-def principal(**kw: object) -> Principal:
-    return Principal(key_id="key_1", team="eng", **kw)  # type: ignore[arg-type]
+def principal(**kw: Any) -> Principal:
+    return Principal(key_id="key_1", team="eng", **kw)
 
 
 def test_a_plan_has_a_bucket_per_limit_and_a_budget_per_budget() -> None:

@@ -2,6 +2,7 @@ import orjson
 import pytest
 
 from gateway.errors import InvalidRequest
+from gateway.flow import Endpoint
 from gateway.stages.parse import client_request_id, parse
 
 CHAT = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}'
@@ -81,9 +82,11 @@ def test_include_usage_only_counts_when_streaming() -> None:
         (b'{"model": "m", "prompt": "x", "stream_options": 3}', "completions", "stream_options"),
     ],
 )
-def test_bad_requests_name_the_parameter(body: bytes, endpoint: str, param: str | None) -> None:
+def test_bad_requests_name_the_parameter(
+    body: bytes, endpoint: Endpoint, param: str | None
+) -> None:
     with pytest.raises(InvalidRequest) as info:
-        parse(body, endpoint)  # type: ignore[arg-type]
+        parse(body, endpoint)
     assert info.value.status == 400
     assert info.value.param == param
     assert info.value.body()["error"]["type"] == "invalid_request_error"
