@@ -57,6 +57,7 @@ def run(args: argparse.Namespace) -> int:
         "log_level": settings.server.log_level,
         "lifespan": "on",
         "timeout_graceful_shutdown": math.ceil(settings.server.drain_timeout),
+        "timeout_worker_healthcheck": settings.server.worker_healthcheck_timeout,
     }
     if settings.server.workers > 1:
         # Workers rebuild the app from the same config file and the same overrides.
@@ -87,6 +88,7 @@ class UvicornOptions(TypedDict):
     log_level: str
     lifespan: Literal["on"]
     timeout_graceful_shutdown: int
+    timeout_worker_healthcheck: int
 
 
 def draining_server(config: uvicorn.Config) -> uvicorn.Server:

@@ -37,6 +37,11 @@ class ServerSettings(Section):
     """Seconds a SIGTERM (or SIGINT) waits for calls in flight to finish before cutting them
     off; then the ledger is flushed and the process exits 0. 50 s fits inside Kubernetes'
     terminationGracePeriodSeconds of 60 (deploy/k8s) with time left for the flush."""
+    worker_healthcheck_timeout: int = Field(30, ge=1)
+    """Seconds a worker of `--workers N` may take to answer its supervisor's ping before it
+    is killed and started again. A worker answers from a thread, which waits its turn for
+    the interpreter: a start that builds the tokenizer on a saturated machine can take
+    longer than uvicorn's 5 s, and then every worker is killed before it serves."""
     gc_freeze: bool = True
     """Move everything alive once started (modules, settings, tokenizer tables) out of the
     garbage collector's sight: its full collections would walk them all, stalling calls
