@@ -29,9 +29,9 @@ class Backlog:
     see time averages, so this is the share of time the backend is prefilling for us."""
     pending_at_scrape: int = 0
     """Our calls still awaiting their first byte when the last scrape answered."""
-    occupied: float = 0.0
-    """Share of its sequence slots the engine has had taken, as routing decisions find it
-    (time-averaged, as ``busy``); 0 while the slot count is unknown."""
+    engaged: float = 0.0
+    """Sequences the engine has had (ours in flight, other replicas' running), up to the
+    most seen running, as routing decisions find them (time-averaged, as ``busy``)."""
     peak: int = 0
     """The most sequences the engine was seen running at once."""
     slots: int = 0
@@ -46,7 +46,6 @@ class Backlog:
     """Our calls in flight there, in the order the engine got them."""
     _sampled: int = 0
     """Routing decisions ``busy`` averages over (exactly for the first, see ``blend``)."""
-    _sampled_slots: int = 0
 
     def scraped(self, capacity_tokens: int | None, running: int = 0, waiting: int = 0) -> None:
         """The engine answered a scrape: note its capacity, its sequence slots, and how
@@ -65,6 +64,14 @@ class Backlog:
         if running == self.peak and waiting > 0:
             self.slots = running
         self.pending_at_scrape = len(self.pending(time.perf_counter()))
+
+    @property
+    def occupied(self) -> float:
+        """Share of its sequence slots the engine has had taken; 0 while the slot count is
+        unknown. Averaged from the first decision on, not from when the count became
+        known: it becomes known at a moment the engine is full, and an average begun then
+        would start at 1 and push every call away until it forgot that moment."""
+        return min(self.engaged / self.slots, 1.0) if self.slots else 0.0
 
     def admit(self, call: Call) -> None:
         tokens = self._kv_of(call)
@@ -118,14 +125,12 @@ class Backlog:
         ours = sum(c.route.uncached_tokens for c in pending if c.route is not None)
         theirs = max(waiting - self.pending_at_scrape, 0) * self.rates.uncached_per_call
         self.busy = blend(self.busy, ours > 0, self._sampled)
-        self._sampled += 1
         capacity = self.capacity_tokens or UNKNOWN_CAPACITY_TOKENS
         free = max(min(capacity - self.kv_tokens, capacity * (1 - kv_usage)), 0.0)
         others = max(running - len(self._calls), 0)
-        if self.slots:
-            taken = min((len(self._calls) + others) / self.slots, 1.0)
-            self.occupied = blend(self.occupied, taken, self._sampled_slots)
-            self._sampled_slots += 1
+        engaged = len(self._calls) + others
+        self.engaged = blend(self.engaged, min(engaged, self.peak or engaged), self._sampled)
+        self._sampled += 1
         return Load(
             queued_tokens=ours + theirs,
             running=max(running, len(self._held)),

@@ -95,3 +95,19 @@ def test_a_call_beyond_the_slots_waits_for_our_first_answer_to_end() -> None:
     assert wait == pytest.approx(1.0 - now_after_early, abs=0.05)
     backlog.release(early)
     assert backlog.load(waiting=0, running=1, kv_usage=0.0).slot_wait == 0.0
+
+
+def test_slot_occupancy_is_averaged_from_the_first_decision_not_from_when_slots_are_known() -> None:
+    """The slot count becomes known at a moment the engine is full; an average begun then
+    would start at 1 and make the backend look saturated long after."""
+    backlog = Backlog()
+    decoding = call(1, 0)
+    decoding.first_byte_at = decoding.dispatched_at
+    backlog.admit(decoding)
+    for _ in range(3):  # one sequence of ours; the slot count not known yet
+        assert backlog.load(waiting=0, running=1, kv_usage=0.0).utilization == pytest.approx(
+            0.0, abs=1e-3
+        )
+    backlog.scraped(None, running=4, waiting=1)  # full at the scrape: four slots
+    load = backlog.load(waiting=1, running=4, kv_usage=0.0)
+    assert load.utilization == pytest.approx((1 + 1 + 1 + 4) / 4 / 4, abs=1e-3)
