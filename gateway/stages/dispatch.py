@@ -149,16 +149,22 @@ def learn(call: Call, svc: Services) -> None:
 
 def time_rates(call: Call, key: PrefixKey, route: Route, u: Usage, rates: Rates) -> None:
     """Teach the backend's rates what the call cost: its report says what it prefilled,
-    the relay's first byte how long that took beyond the expected wait for a slot, and
-    its last byte how fast it decoded (an answer that came whole has no first byte apart
-    from its decode, so it teaches only the shares)."""
+    the relay's first byte how long that took, and its last byte how fast it decoded (an
+    answer that came whole has no first byte apart from its decode, so it teaches only
+    the shares).
+
+    Only a call that was expected to find a sequence slot free teaches the TTFT fit: for
+    one that waited, the error of the slot-wait estimate would land on the prefill rate,
+    and it grows with the very queue the rate is fit on. An overestimated wait there makes
+    queued tokens look free, which sends the backend more calls and a longer queue."""
     cached = min(u.cached_tokens / max(u.prompt_tokens, 1), 1.0)
     prefilled = key.tokens * (1 - cached)  # in the gateway's tokens, as the queue is
     rates.served(cached, prefilled, u.completion_tokens)
     if call.first_byte_at is None or call.dispatched_at is None:
         return
-    waited = call.first_byte_at - call.dispatched_at
-    rates.observe(route.queued_tokens + prefilled, route.running, waited - route.slot_wait)
+    if route.slot_wait == 0:
+        waited = call.first_byte_at - call.dispatched_at
+        rates.observe(route.queued_tokens + prefilled, route.running, waited)
     if call.done_at is not None and u.completion_tokens > 1:
         rates.decoded((call.done_at - call.first_byte_at) / (u.completion_tokens - 1))
 
