@@ -17,11 +17,14 @@ and re-deciding on every turn's reading would move conversations on noise, each 
 prefill of the history and a dead copy of it left behind.
 
 - Costs within the error of the learned rates of the cheapest (an idle cluster, nothing
-  held, or the same prefix held everywhere) are ties: they go to the backend given a
-  placement longest ago, then by a consistent (rendezvous) hash of the conversation's
-  anchor; never "backend 0 first", and never to whichever backend's estimate noise made
-  look a millisecond faster: conversations that start together send their next turns
-  together, and pile up where they were all sent.
+  held, or the same prefix held everywhere) are ties: they go to the backend holding the
+  most of the prompt, which leaves the least to prefill (a later turn whose costs tie
+  stays with its history: moving it would prefill the history again and leave a dead
+  copy behind, for a saving the estimates cannot show); among those, to the backend
+  given a placement longest ago, then by a consistent (rendezvous) hash of the
+  conversation's anchor; never "backend 0 first", and never to whichever backend's
+  estimate noise made look a millisecond faster: conversations that start together send
+  their next turns together, and pile up where they were all sent.
 - A session key (``x-session-id``, ``prompt_cache_key``, ``user``) pins the call to its
   rendezvous backend, the same on every replica, when that backend holds as much of the
   prompt as any and costs no more than one prefill of the prompt above the cheapest:
@@ -165,7 +168,8 @@ class CacheAware:
                 return pinned, pin[1]
         band = TIE_ERRORS * max(c.rates.error for c in healthy)
         tied = [c for c in healthy if costs[c.name] <= least + band]
-        pick = self._placed.pick(tied, key.anchor)
+        most = max(matches.get(c.name, 0) for c in tied)
+        pick = self._placed.pick([c for c in tied if matches.get(c.name, 0) == most], key.anchor)
         held = matches.get(pick.name, 0)
         return pick, "miss" if top == 0 else "hit" if held == top else "overflow"
 

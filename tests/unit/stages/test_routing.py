@@ -11,7 +11,14 @@ from gateway.index.memory import MemoryIndex
 from gateway.settings import PrefixSettings, RoutingSettings
 from gateway.stages.costs import Load, Rates
 from gateway.stages.prefix import PrefixHasher
-from gateway.stages.routing import CacheAware, Candidate, LeastLoaded, RoundRobin, make_policy
+from gateway.stages.routing import (
+    TIE_ERRORS,
+    CacheAware,
+    Candidate,
+    LeastLoaded,
+    RoundRobin,
+    make_policy,
+)
 
 B = 16
 
@@ -367,6 +374,37 @@ def test_backends_that_differ_by_estimate_noise_share_new_conversations() -> Non
         for a in range(40)
     )
     assert picks == Counter({"b0": 20, "b1": 20})
+
+
+def noisy_rates(seed: int) -> Rates:
+    """Rates learned from TTFTs that scatter by half their value: a standard error of ~2 ms."""
+    rng = random.Random(seed)
+    rates = Rates()
+    for _ in range(300):
+        tokens = rng.uniform(0, 2000)
+        rates.observe(tokens, 0, (0.02 + 1e-4 * tokens) * rng.uniform(0.5, 1.5))
+    return rates
+
+
+def test_a_later_turn_whose_costs_tie_stays_with_its_history() -> None:
+    """Its home's queue costs about what the held history saves: within the estimates'
+    error. The tie goes where the history is, not to the backend placed longest ago
+    (which spreads conversations that start, and would scatter this one)."""
+    policy = CacheAware(RoutingSettings())
+    rates = noisy_rates(3)
+    alike = [Candidate(f"b{i}", True, 0, rates=rates) for i in range(2)]
+    home = policy.choose("m", key(3, anchor=7), {}, alike).backend
+    other = "b1" if home == "b0" else "b0"
+    history = 16 * B * rates.per_token
+    busy_home = [
+        Candidate(c.name, True, 0, rates=rates,
+                  ahead=Load(queued_tokens=(16 * B + 20) if c.name == home else 0))
+        for c in alike
+    ]  # fmt: skip
+    costs = [rates.ttft(16 * B + 20 + 2 * B, 0), rates.ttft(18 * B, 0)]
+    assert 0 < costs[0] - costs[1] < TIE_ERRORS * rates.error < history
+    route = policy.choose("m", key(18, anchor=7), {home: 18, other: 2}, busy_home)
+    assert (route.backend, route.decision) == (home, "hit")
 
 
 def test_a_new_conversation_avoids_full_slots_and_its_later_turns_stay_home(
