@@ -307,10 +307,13 @@ def cost(
     """Seconds this placement costs: this call's TTFT there, the delay its prefill adds to
     the calls that queue behind it and the prefill of what it evicts (once the cache is
     full each token written evicts one, reused as often as the backend's cache serves
-    prompts: its cached share), then for each of ``later_calls`` the queueing
-    it can expect there and the prefill of its stream's ``footprint`` (what it will want
-    cached) in the share the cache cannot keep, with the other live streams there wanting
-    ``wanted``.
+    prompts: its cached share), then for each of ``later_calls`` its own time to first
+    token there (a typical call's, queueing included) and the prefill of its stream's
+    ``footprint`` (what it will want cached) in the share the cache cannot keep, with the
+    other live streams there wanting ``wanted``. The later calls' own TTFT is the same
+    everywhere on alike backends; on a slower one it is what keeps conversations from
+    starting there more than its speed warrants (a conversation that starts there and
+    leaves for a faster one at its next turn prefills its history twice).
 
     The wait for a sequence slot counts for a call that ``starts`` a conversation (or
     stands alone), not for its later turns: a turn that left its conversation's backend
@@ -318,8 +321,9 @@ def cost(
     (when running answers will end) moves faster than the turns come; the crowding of the
     slots still weighs on every prefill through the utilization.
 
-    Queueing is M/M/1's: at utilization ``u`` a call waits ``s * u / (1 - u)`` for work of
-    mean ``s`` ahead of it, and work added now delays ``u / (1 - u)`` calls behind it. The
+    Queueing is M/M/1's: at utilization ``u`` a call with work of mean ``s`` ahead of it
+    and its own takes ``s / (1 - u)``, and work added now delays ``u / (1 - u)`` calls
+    behind it. The
     later terms are what spread conversations that all share one long system prompt, which
     the first alone would pile onto whichever backend is momentarily idlest, or onto the
     one that alone holds the prompt: there their histories would outgrow the cache.
@@ -336,4 +340,4 @@ def cost(
         return now
     service = rates.overhead + rates.per_token * rates.uncached_per_call
     lost = evicted(load.free_tokens, wanted + footprint)
-    return now + later_calls * (service * crowd + rates.per_token * footprint * lost)
+    return now + later_calls * (service * (1.0 + crowd) + rates.per_token * footprint * lost)

@@ -3,6 +3,7 @@ import random
 
 import pytest
 
+from gateway.flow import Call, PrefixKey, Route, Usage
 from gateway.stages.costs import (
     PRIOR_PER_TOKEN,
     Load,
@@ -12,6 +13,7 @@ from gateway.stages.costs import (
     evicted,
     slot_wait,
 )
+from gateway.stages.dispatch import time_rates
 
 
 def test_rates_start_at_the_priors() -> None:
@@ -98,12 +100,12 @@ def test_cost_adds_the_later_calls_queueing_and_eviction() -> None:
     assert cost(rates, busy, 100, 0, 500, 0) == pytest.approx(
         rates.ttft(0, 0) + rates.per_token * 100 * 2
     )  # a call no other follows: its own TTFT, and its prefill delays one call behind it
-    idle = cost(rates, Load(), 100, 5, 500, 0)
-    assert idle == pytest.approx(rates.ttft(100, 0))
     service = rates.overhead + rates.per_token * rates.uncached_per_call
+    idle = cost(rates, Load(), 100, 5, 500, 0)
+    assert idle == pytest.approx(rates.ttft(100, 0) + 5 * service)
     assert cost(rates, busy, 100, 5, 500, 0) - cost(rates, busy, 100, 0, 500, 0) == (
-        pytest.approx(5 * service)
-    )
+        pytest.approx(5 * service * 2)
+    )  # each later call's own TTFT at utilization 0.5: twice its service
     full = cost(rates, Load(free_tokens=2000), 100, 5, 500, 1500)
     assert full - idle == pytest.approx(5 * rates.per_token * 500 * math.exp(-1))
     assert cost(rates, Load(utilization=1.0), 100, 5, 500, 0) < float("inf")
@@ -138,3 +140,18 @@ def test_the_decode_pace_is_learned_and_sets_how_long_a_call_holds_its_slot() ->
         rates.decoded(0.05)
     assert rates.per_output == pytest.approx(0.05)
     assert rates.hold(0, 100) == pytest.approx(rates.overhead + 5.0)
+
+
+def test_only_a_call_expected_to_find_a_slot_teaches_the_ttft_fit() -> None:
+    """A call that waited for a slot took the slot-wait estimate's error into its TTFT;
+    fit on, an overestimated wait makes a long queue look free."""
+    rates = Rates()
+    key = PrefixKey(tokens=200, hashes=[1], block_size=16)
+    usage = Usage(prompt_tokens=200, cached_tokens=0, completion_tokens=1)
+    for expected_wait, taught in ((2.0, 0), (0.0, 1)):
+        c = Call(id="c", path="/v1/chat/completions")
+        c.route = Route(backend="b", queued_tokens=5000, slot_wait=expected_wait)
+        c.dispatched_at, c.first_byte_at = 10.0, 10.5
+        time_rates(c, key, c.route, usage, rates)
+        assert rates.observations == taught
+    assert rates.reports == 2  # what it prefilled counts either way
