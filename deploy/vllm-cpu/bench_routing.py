@@ -1,6 +1,7 @@
 """Routing in front of two real vLLM servers, judged by vLLM's own counters.
 
-    python deploy/vllm-cpu/bench_routing.py [--requests N] [--concurrency C] [--json FILE]
+    python deploy/vllm-cpu/bench_routing.py [--requests N] [--concurrency C] [--port P]
+                                            [--json FILE]
 
 Prepares vLLM (deploy/vllm-cpu/setup.sh), starts two servers on loopback, each pinned to
 its own core (VLLM_CPU_PIN=1: two CPU servers sharing cores stall each other, which is
@@ -104,10 +105,10 @@ def counters(url: str) -> dict[str, float]:
 
 
 @contextlib.contextmanager
-def vllm_servers(run_dir: Path) -> Iterator[list[str]]:
+def vllm_servers(run_dir: Path, port: int | None) -> Iterator[list[str]]:
     env = {**os.environ, "VLLM_CPU_RUN": str(run_dir), "VLLM_CPU_PIN": "1"}
     subprocess.run([HERE / "setup.sh"], check=True, env=env)
-    base = free_port_pair()
+    base = port or free_port_pair()
     try:
         subprocess.run([HERE / "serve.sh", "start", "2", str(base)], check=True, env=env)
         yield [f"http://127.0.0.1:{base}", f"http://127.0.0.1:{base + 1}"]
@@ -186,10 +187,11 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--routers", type=Path, default=ROUTERS, help="dir of vllm-router")
+    parser.add_argument("--port", type=int, help="the servers' first port (they take two)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="gw-vllm-routing-"))
-    with vllm_servers(work / "run") as servers:
+    with vllm_servers(work / "run", args.port) as servers:
         rows = asyncio.run(campaign(servers, args, work))
     print(table(rows))
     print("\n".join(checks(rows)))
