@@ -38,7 +38,7 @@ import hashlib
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from gateway.errors import BackendUnavailable
@@ -122,7 +122,7 @@ class CacheAware:
         index_ok: bool = True,
         session: str | None = None,
     ) -> Route:
-        healthy = healthy_only(candidates)
+        healthy = timed(healthy_only(candidates))
         streams = self._streams
         home = streams.count(key.anchor)
         later = streams.later_calls if home is None else 0.0
@@ -239,6 +239,19 @@ def healthy_only(candidates: Sequence[Candidate]) -> list[Candidate]:
     if not healthy:
         raise BackendUnavailable("no healthy backend for this model")
     return healthy
+
+
+def timed(candidates: list[Candidate]) -> list[Candidate]:
+    """The candidates, those not yet timed at the rates of the most timed one.
+
+    The prior is a guess at hardware nobody measured; the other backends serve the same
+    model in the same cluster. Costed at the prior, an untimed backend looks cheaper or
+    dearer than the timed ones by the prior's error alone, and draws (or shuns) calls
+    whose histories are held elsewhere, until its own first answers come back."""
+    most = max(candidates, key=lambda c: c.rates.observations)
+    if not most.rates.observations:
+        return candidates
+    return [c if c.rates.observations else replace(c, rates=most.rates) for c in candidates]
 
 
 class Placements:

@@ -407,6 +407,21 @@ def test_a_later_turn_whose_costs_tie_stays_with_its_history() -> None:
     assert (route.backend, route.decision) == (home, "hit")
 
 
+def test_a_backend_not_yet_timed_is_costed_at_the_timed_ones_rates() -> None:
+    """Two CPU servers: b0 answers in 300 ms, b1 has not answered yet. At the prior's
+    20 ms b1 would look worth a prefill of the whole history held on b0; at b0's rates
+    it is not."""
+    policy = CacheAware(RoutingSettings())
+    cpu = Rates()
+    for tokens in range(0, 2000, 100):
+        cpu.observe(tokens, 0, 0.3 + 1e-4 * tokens)
+    cands = [Candidate("b0", True, 0, rates=cpu), Candidate("b1", True, 0)]
+    assert Rates().ttft(47 * B, 0) < cpu.ttft(7 * B, 0)
+    assert policy.choose("m", key(3, anchor=5), {"b0": 3}, cands).backend == "b0"
+    route = policy.choose("m", key(47, anchor=5), {"b0": 40, "b1": 2}, cands)
+    assert (route.backend, route.decision) == ("b0", "hit")
+
+
 def test_a_new_conversation_avoids_full_slots_and_its_later_turns_stay_home(
     policy: CacheAware,
 ) -> None:
