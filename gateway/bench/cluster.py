@@ -19,7 +19,9 @@ from pathlib import Path
 import aiohttp
 
 STOP_GRACE = 10.0
-READY_TIMEOUT = 60.0
+READY_TIMEOUT = 180.0
+"""Seconds a process gets to answer: a gateway that starts in 2 s alone takes over a
+minute on a 2-core machine at a load average of 20."""
 
 
 class StartFailed(Exception):
