@@ -20,8 +20,8 @@ import aiohttp
 
 STOP_GRACE = 10.0
 READY_TIMEOUT = 180.0
-"""Seconds a process gets to answer: a gateway that starts in 2 s alone takes over a
-minute on a 2-core machine at a load average of 20."""
+"""Seconds a process gets to answer: on a small machine shared with other work, starting
+a gateway (imports, tokenizer, first probes) can take over a minute."""
 
 
 class StartFailed(Exception):
