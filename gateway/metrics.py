@@ -71,6 +71,8 @@ class GatewayMetrics:
     """
 
     def __init__(self, registry: CollectorRegistry, multiprocess: bool = False) -> None:
+        """Long, but a list rather than logic: one declaration per metric, all in one place,
+        where a reader (and the README's metric table) finds every name and label."""
         self.registry = registry
         self.multiprocess = multiprocess
         self._children: dict[tuple[MetricWrapperBase, tuple[str, ...]], MetricWrapperBase] = {}

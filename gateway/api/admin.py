@@ -97,6 +97,13 @@ def admin_router(settings: Settings) -> APIRouter:
         dependencies=[Depends(admin_guard(settings.auth))],
         route_class=DatabaseRoute,
     )
+    add_ledger_routes(router)
+    add_key_routes(router)
+    return router
+
+
+def add_ledger_routes(router: APIRouter) -> None:
+    """Cost reports, call lookup and the price book."""
 
     @router.get("/reports/costs")
     async def cost_report(
@@ -132,6 +139,10 @@ def admin_router(settings: Settings) -> APIRouter:
         version = await ledger.set_price(body.model, prices, body.effective_from)
         return _json(_price(version), status=201)
 
+
+def add_key_routes(router: APIRouter) -> None:
+    """Teams and keys."""
+
     @router.post("/teams", status_code=201)
     async def create_team(body: TeamSpec, keys: KeysDep) -> Response:
         try:
@@ -163,8 +174,6 @@ def admin_router(settings: Settings) -> APIRouter:
         if key is None:
             raise NotFound(f"no key {key_id!r}", param="key_id")
         return _json(key.as_dict())
-
-    return router
 
 
 def _when(text: str | None, param: str) -> datetime | None:

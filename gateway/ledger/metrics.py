@@ -15,6 +15,7 @@ from gateway.ledger.models import SCALE
 
 class LedgerMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
+        """One declaration per ledger metric: a list, long only by its entries."""
         self.cost = Counter(
             "gateway_cost_usd",
             "Cost of finished calls in USD (the ledger holds the exact figures).",
