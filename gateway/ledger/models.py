@@ -17,6 +17,7 @@ from typing import Any
 from sqlalchemy import (
     BigInteger,
     Boolean,
+    Column,
     DateTime,
     Float,
     ForeignKey,
@@ -25,6 +26,7 @@ from sqlalchemy import (
     Numeric,
     SmallInteger,
     String,
+    Table,
     Text,
     UniqueConstraint,
     text,
@@ -214,3 +216,57 @@ class DeadLetter(Base):
 
 ROW_COLUMNS: tuple[str, ...] = tuple(c.name for c in LedgerRow.__table__.columns if c.name != "id")
 """The columns a writer fills, in table order (id is assigned by the database)."""
+
+
+TOKEN_COLUMNS = ("prompt_tokens", "input_tokens", "cached_tokens", "cache_write_tokens",
+                 "completion_tokens")  # fmt: skip
+COST_COLUMNS = ("cost_input", "cost_cached_input", "cost_cache_write", "cost_output",
+                "cost_total", "cost_without_cache")  # fmt: skip
+ROLLUP_SUMS = ("requests", "refused", "failed", *TOKEN_COLUMNS, *COST_COLUMNS)
+"""What the hourly rollup adds up per cell: served, refused and failed calls, then the
+ledger columns of the same names (costs in 1e-10 USD units), as a report does."""
+_UNITS = BigInteger().with_variant(Numeric(38, 0), "postgresql")
+"""Summed units: NUMERIC on Postgres, where BIGINT would overflow at ~922M USD a cell."""
+
+
+def _cell(*columns: Column[Any]) -> list[Column[Any]]:
+    """The rollup's key: the UTC hour and the groupings it answers, then its own."""
+    return [
+        Column("hour", UTCDateTime(), nullable=False),
+        Column("model", String(200)),
+        Column("backend", String(200)),
+        *columns,
+    ]
+
+
+def _unique(table: str, *columns: str) -> Index:
+    # NULL is a value here (a call never routed has no backend): one cell holds them all.
+    return Index(f"ux_{table}", *columns, unique=True, postgresql_nulls_not_distinct=True)
+
+
+ROLLUP = Table(
+    "ledger_rollup",
+    Base.metadata,
+    *_cell(
+        *(
+            Column(n, _UNITS if n in COST_COLUMNS else BigInteger(), nullable=False)
+            for n in ROLLUP_SUMS
+        )
+    ),
+    _unique("ledger_rollup", "hour", "model", "backend"),
+)
+"""The ledger added up per UTC hour, model and backend, kept by triggers on the ledger in
+the transaction that changes its rows (migration 0007): reports read whole hours here."""
+
+ROLLUP_DURATIONS = Table(
+    "ledger_rollup_durations",
+    Base.metadata,
+    *_cell(
+        Column("kind", SmallInteger(), nullable=False),
+        Column("ms", Float(), nullable=False),
+        Column("n", BigInteger(), nullable=False),
+    ),
+    _unique("ledger_rollup_durations", "hour", "model", "backend", "kind", "ms"),
+)
+"""Per cell, how many served calls took each counted duration (gateway.ledger.scorecard):
+kind 0 is time to first token, 1 end to end. The counts rank exactly as the rows would."""

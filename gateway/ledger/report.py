@@ -25,21 +25,15 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any, Literal, cast, get_args
 
-from sqlalchemy import (
-    ColumnElement,
-    Select,
-    case,
-    func,
-    literal_column,
-    select,
-    text,
-)
+from sqlalchemy import ColumnElement, Select, case, func, select, text, union_all
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from gateway.ledger.models import LedgerRow, to_usd
+from gateway.ledger import rollup
+from gateway.ledger.models import COST_COLUMNS, TOKEN_COLUMNS, LedgerRow, to_usd
 from gateway.ledger.scorecard import (
     PERCENTILES,
     Latency,
+    duration_counts,
     latencies,
     per_million,
     percentile_query,
@@ -50,10 +44,7 @@ from gateway.ledger.scorecard import (
 GroupBy = Literal["key", "team", "model", "day", "backend", "user"]
 GROUP_BYS: tuple[str, ...] = get_args(GroupBy)
 
-TOKENS = ("prompt_tokens", "input_tokens", "cached_tokens", "cache_write_tokens",
-          "completion_tokens")  # fmt: skip
-COSTS = ("cost_input", "cost_cached_input", "cost_cache_write", "cost_output", "cost_total",
-         "cost_without_cache")  # fmt: skip
+TOKENS, COSTS = TOKEN_COLUMNS, COST_COLUMNS
 COUNTS = ("requests", "refused", "failed", *TOKENS)
 SCORES = ("cached_share", "savings_share", "usd_per_m_prompt", "usd_per_m_output")
 FIGURES = (*COUNTS[:3], *TOKENS, *COSTS, "savings", *SCORES, *(p for p, _, _ in PERCENTILES))
@@ -225,11 +216,7 @@ def parse_when(text: str) -> datetime:
 
 def _group_column(group_by: GroupBy, dialect: str) -> ColumnElement[Any]:
     if group_by == "day":
-        if dialect == "postgresql":
-            # A literal, not a bind parameter: the migration's planner statistics are on
-            # exactly this expression.
-            return func.date(func.timezone(literal_column("'UTC'"), LedgerRow.ts))
-        return func.date(LedgerRow.ts)
+        return rollup.utc_date(LedgerRow.ts, dialect)
     return {
         "key": LedgerRow.key_id,
         "team": LedgerRow.team,
@@ -239,17 +226,20 @@ def _group_column(group_by: GroupBy, dialect: str) -> ColumnElement[Any]:
     }[group_by].expression
 
 
+def _groups(dialect: str, group_by: tuple[GroupBy, ...]) -> list[ColumnElement[Any]]:
+    return [_group_column(g, dialect) for g in group_by]
+
+
+def _labelled(dialect: str, group_by: tuple[GroupBy, ...]) -> list[ColumnElement[Any]]:
+    return [_group_column(g, dialect).label(f"g_{g}") for g in group_by]
+
+
 def _period(start: datetime | None, end: datetime | None) -> list[ColumnElement[bool]]:
-    return [
-        *([] if start is None else [LedgerRow.ts >= start]),
-        *([] if end is None else [LedgerRow.ts < end]),
-    ]
+    return rollup.within(LedgerRow.ts, start, end)
 
 
-def report_query(
-    dialect: str, start: datetime | None, end: datetime | None, group_by: tuple[GroupBy, ...]
-) -> Select[Any]:
-    groups = [_group_column(g, dialect).label(f"g_{g}") for g in group_by]
+def _sums(groups: list[ColumnElement[Any]], where: list[ColumnElement[bool]]) -> Select[Any]:
+    """Counts and sums of the rows, per group (labelled ``g_<name>``)."""
     sums = [func.sum(getattr(LedgerRow, name)).label(name) for name in (*TOKENS, *COSTS)]
     ok = served()
     counts = (
@@ -257,23 +247,53 @@ def report_query(
         func.count(case((~ok & (LedgerRow.status < 500), 1))).label("refused"),
         func.count(case((~ok & (LedgerRow.status >= 500), 1))).label("failed"),
     )
-    stmt = select(*groups, *counts, *sums).where(*_period(start, end))
-    return stmt.group_by(*groups).order_by(*groups)
+    return select(*groups, *counts, *sums).where(*where).group_by(*groups)
+
+
+def report_query(
+    dialect: str, start: datetime | None, end: datetime | None, group_by: tuple[GroupBy, ...]
+) -> Select[Any]:
+    """The report's counts and sums over the rows."""
+    groups = _labelled(dialect, group_by)
+    return _sums(groups, _period(start, end)).order_by(*groups)
+
+
+def rollup_report_query(
+    dialect: str, start: datetime | None, end: datetime | None, group_by: tuple[GroupBy, ...]
+) -> Select[Any]:
+    """The same counts and sums, from the rollup's whole hours and the rows of the rest."""
+    cut = rollup.split(start, end)
+    parts = [] if cut.hours is None else [rollup.sums(dialect, group_by, cut.hours)]
+    edges = cut.edge_rows()
+    if edges is not None:
+        parts.append(_sums(_labelled(dialect, group_by), [edges]))
+    both = union_all(*parts).subquery("parts")
+    keys = [both.c[f"g_{g}"] for g in group_by]
+    sums = [func.sum(both.c[n]).label(n) for n in (*COUNTS, *COSTS)]
+    return select(*keys, *sums).group_by(*keys).order_by(*keys)
 
 
 def scorecard_query(
     dialect: str, start: datetime | None, end: datetime | None, group_by: tuple[GroupBy, ...]
 ) -> Select[Any]:
-    """The latency percentiles of the report's groups and of its totals line."""
-    groups = [_group_column(g, dialect) for g in group_by]
-    return percentile_query(dialect, groups, _period(start, end))
+    """The latency percentiles of the report's groups and of its totals line: from the
+    rollup's whole hours and the rows of the rest where the rollup holds the groupings."""
+    groups = _groups(dialect, group_by)
+    if not rollup.covers(group_by):
+        return percentile_query(duration_counts(dialect, groups, _period(start, end)), len(groups))
+    cut = rollup.split(start, end)
+    counts = [] if cut.hours is None else [rollup.duration_counts(dialect, group_by, cut.hours)]
+    edges = cut.edge_rows()
+    if edges is not None:
+        counts += duration_counts(dialect, groups, [edges])
+    return percentile_query(counts, len(groups))
 
 
 def _line(r: Any, n: int) -> ReportLine:
     """A result row: n group values, the counts, the token sums, then the cost sums
     (units)."""
     groups = tuple(None if g is None else str(g) for g in r[:n])
-    counts = r[n : n + len(COUNTS)]
+    counts: list[Any] = [int(c) for c in r[n : n + len(COUNTS)]]  # the rollup's: Decimal
     return ReportLine(groups, *counts, *map(to_usd, r[n + len(COUNTS) :]))
 
 
@@ -290,7 +310,8 @@ async def cost_report(
             # The percentiles' GROUP BY holds a few hundred counts per group: at the default
             # 4 MB it spills to disk, which is much slower.
             await conn.execute(text("SET LOCAL work_mem = '64MB'"))
-        result = await conn.execute(report_query(dialect, start, end, group_by))
+        sums = rollup_report_query if rollup.covers(group_by) else report_query
+        result = await conn.execute(sums(dialect, start, end, group_by))
         lines = [_line(r, n) for r in result.all()]
         picks = await conn.execute(scorecard_query(dialect, start, end, group_by))
         by_group, overall = latencies(list(picks.all()), n)

@@ -96,10 +96,11 @@ def duration_ms(seconds: ColumnElement[Any], dialect: str) -> ColumnElement[Any]
     )
 
 
-def histogram(
+def duration_counts(
     dialect: str, groups: list[ColumnElement[Any]], where: list[ColumnElement[bool]]
-) -> CTE:
-    """Per group, kind (TTFT or end-to-end) and counted duration, the number of served calls.
+) -> list[Select[Any]]:
+    """Per group, kind (TTFT or end-to-end) and counted duration, the number of served
+    calls among the rows: rows of (g0.., k, v, n).
 
     One GROUP BY per kind, each over only the rows it ranks: on Postgres two narrow scans
     cost less than one that feeds every row through twice.
@@ -115,11 +116,12 @@ def histogram(
         )
 
     ttft = counts(TTFT, LedgerRow.ttft_s.expression, LedgerRow.stream.expression)
-    return union_all(ttft, counts(E2E, LedgerRow.latency_s.expression)).cte("histogram")
+    return [ttft, counts(E2E, LedgerRow.latency_s.expression)]
 
 
 def _picks(hist: CTE, n_groups: int, total: bool) -> Select[Any]:
-    """Each partition's percentiles from its counts: a running sum picks the nearest rank.
+    """Each partition's percentiles from its counts: a running sum picks the nearest rank
+    (a duration counted in several rows of a partition is one peer of the window's order).
     By group, or (total) over all groups merged, with NULL in the group columns."""
     keys = [] if total else [hist.c[f"g{i}"] for i in range(n_groups)]
     part = [*keys, hist.c.k]
@@ -141,13 +143,12 @@ def _picks(hist: CTE, n_groups: int, total: bool) -> Select[Any]:
     )
 
 
-def percentile_query(
-    dialect: str, groups: list[ColumnElement[Any]], where: list[ColumnElement[bool]]
-) -> Select[Any]:
-    """Rows of (total, group values..., kind, p50, p95): one per group and kind, then one
-    per kind for the totals line (group values NULL, total true)."""
-    hist = histogram(dialect, groups, where)
-    by_group, overall = _picks(hist, len(groups), False), _picks(hist, len(groups), True)
+def percentile_query(counts: list[Select[Any]], n_groups: int) -> Select[Any]:
+    """Rows of (total, group values..., kind, p50, p95) from duration counts (each a select
+    of g0.., k, v, n): one per group and kind, then one per kind for the totals line
+    (group values NULL, total true)."""
+    hist = union_all(*counts).cte("histogram")
+    by_group, overall = _picks(hist, n_groups, False), _picks(hist, n_groups, True)
     return select(union_all(by_group, overall).subquery("picks"))
 
 
