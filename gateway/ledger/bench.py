@@ -3,6 +3,9 @@
     python -m gateway.ledger.bench --database-url postgresql://127.0.0.1:5432/test
 
 Everything happens in a scratch database created on that server and dropped at the end.
+The writer runs with the ledger's rollup triggers on and off in turn (what keeping the
+rollup costs the writer); the report with the scorecard is set against the plain cost
+report over the rows, each round both in turn.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
@@ -85,19 +89,35 @@ def bench_settings(url: str, spool: Path, batch_size: int) -> Settings:
 
 
 def synthetic_call(i: int) -> Call:
+    """A call timed as SYNTHETIC's rows are: its batch feeds the rollup as many counted
+    durations as real calls' would."""
     call = Call(id=f"w-{i}", path="/v1/chat/completions")
     call.principal = Principal(key_id=f"key-{i % 500}", team=f"team-{i % 50}")
     call.request = Request(endpoint="chat", model="bench", body={}, stream=i % 2 == 0)
     call.route = Route(backend=f"b{i % 8}", decision="hit", predicted_cached_tokens=512)
-    call.first_byte_at, call.done_at = call.received_at + 0.05, call.received_at + 1.0
+    ttft = 0.02 + (i % 8) * 0.01 + ((i * 104729) % 1000003) * 3e-7
+    call.first_byte_at = call.received_at + ttft
+    call.done_at = call.first_byte_at + (1 + i % 400) * (0.004 + (i % 8) * 0.001)
     call.usage = Usage(prompt_tokens=1024, cached_tokens=512, completion_tokens=200)
     return call
 
 
-async def writer_throughput(url: str, rows: int, batch_size: int) -> None:
+@dataclass(frozen=True, slots=True)
+class WriterRun:
+    rows_per_s: float
+    us_here: float
+    """CPU per row in this process, and in the Postgres backends (0: not local)."""
+    us_postgres: float
+
+    def summary(self) -> str:
+        cpu = f"; CPU {self.us_here:.1f} us/row here + {self.us_postgres:.1f} in Postgres"
+        return f"{self.rows_per_s:,.0f} rows/s committed" + (cpu if self.us_postgres else "")
+
+
+async def writer_throughput(url: str, rows: int, batch_size: int) -> WriterRun:
     """Record calls through Ledger.record as fast as possible; time until all are committed.
 
-    Besides wall time it reports the CPU both sides spent (this process, and the Postgres
+    Besides wall time it measures the CPU both sides spent (this process, and the Postgres
     backends serving the scratch database when the server runs on this machine), because
     on a shared, busy machine the wall time mostly measures the neighbours.
     """
@@ -124,11 +144,37 @@ async def writer_throughput(url: str, rows: int, batch_size: int) -> None:
         elapsed, cpu = time.perf_counter() - t0, time.process_time() - cpu0
         pg_cpu = await backend_cpu(url) - pg_before
         await ledger.aclose()
-    say(f"writer: {rows} rows, batch {batch_size}: {rows / elapsed:,.0f} rows/s committed "
-        f"({elapsed:.2f} s wall); record() alone {recorded / rows * 1e6:.1f} us/call")  # fmt: skip
-    if pg_cpu:
-        say(f"writer: CPU {cpu / rows * 1e6:.1f} us/row here + {pg_cpu / rows * 1e6:.1f} us/row "
-            f"in Postgres: {rows / max(cpu, pg_cpu):,.0f} rows/s with a core for each")  # fmt: skip
+    say(f"writer: {rows} rows, batch {batch_size}, {elapsed:.2f} s wall; record() alone "
+        f"{recorded / rows * 1e6:.1f} us/call")  # fmt: skip
+    return WriterRun(rows / elapsed, cpu / rows * 1e6, pg_cpu / rows * 1e6)
+
+
+async def writer_rollup_cost(url: str, rows: int, batch_size: int, rounds: int) -> None:
+    """The writer with the rollup's triggers on and off, in turn (which goes first
+    alternates): per round the ratios of rows/s and of Postgres CPU per row, and their
+    medians."""
+    speed, cpu = [], []
+    for i in range(rounds):
+        runs = {}
+        for on in (True, False) if i % 2 == 0 else (False, True):
+            await _sql(url, f"ALTER TABLE ledger {'ENABLE' if on else 'DISABLE'} TRIGGER USER")
+            runs[on] = await writer_throughput(url, rows, batch_size)
+            await _sql(url, "ALTER TABLE ledger ENABLE TRIGGER USER; TRUNCATE ledger")
+            say(f"writer: rollup {'on ' if on else 'off'}: {runs[on].summary()}")
+        speed.append(runs[True].rows_per_s / runs[False].rows_per_s)
+        if runs[False].us_postgres:
+            cpu.append(runs[True].us_postgres / runs[False].us_postgres)
+    say(f"writer: rollup on/off, medians of {rounds}: rows/s {statistics.median(speed):.3f}x "
+        f"(rounds {', '.join(f'{r:.3f}' for r in speed)})"
+        + (f"; Postgres CPU per row {statistics.median(cpu):.3f}x" if cpu else ""))  # fmt: skip
+
+
+async def _sql(url: str, statements: str) -> None:
+    conn = await asyncpg.connect(url, timeout=10)
+    try:
+        await conn.execute(statements, timeout=None)
+    finally:
+        await conn.close()
 
 
 async def backend_cpu(url: str) -> float:
@@ -176,8 +222,10 @@ async def report_speed(url: str, rows: int, days: int) -> None:
         await conn.close()
     engine = make_engine(url, timeout=600)
     october = (parse_when("2026-10-01"), parse_when("2026-11-01"))
+    ragged = (parse_when("2026-10-01T00:30"), parse_when("2026-11-01T12:15"))
     cases: list[tuple[tuple[GroupBy, ...], tuple[datetime, datetime] | None]] = [
         (("team", "day"), None), (("team",), None), (("day",), None), (("team",), october),
+        (("backend", "day"), ragged),
     ]  # fmt: skip
     try:
         await scorecard_cost(engine, ("backend", "day"), rounds=3)
@@ -186,8 +234,8 @@ async def report_speed(url: str, rows: int, days: int) -> None:
             t0 = time.perf_counter()
             report = await cost_report(engine, start, end, group_by)
             elapsed = time.perf_counter() - t0
-            say(f"report: group by {','.join(group_by)}"
-                f"{' over October' if window else ' over all rows'}: "
+            period = f"{start:%m-%d %H:%M} to {end:%m-%d %H:%M}" if start and end else "all rows"
+            say(f"report: group by {','.join(group_by)} over {period}: "
                 f"{report.totals.requests:,} rows -> {len(report.lines):,} lines "
                 f"in {elapsed:.2f} s; total ${report.totals.cost_total}")  # fmt: skip
     finally:
@@ -195,8 +243,9 @@ async def report_speed(url: str, rows: int, days: int) -> None:
 
 
 async def scorecard_cost(engine: AsyncEngine, group_by: tuple[GroupBy, ...], rounds: int) -> None:
-    """The whole report (sums and scorecard) against its sums alone, the plain cost report,
-    alternated so that both meet the same neighbours: the medians and their ratio."""
+    """The whole report (sums and scorecard, from the rollup where it holds the groupings)
+    against the plain cost report, its sums over the rows, alternated so that both meet
+    the same neighbours: the medians and their ratio."""
     plain, whole = [], []
     for _ in range(rounds):
         t0 = time.perf_counter()
@@ -207,8 +256,8 @@ async def scorecard_cost(engine: AsyncEngine, group_by: tuple[GroupBy, ...], rou
         await cost_report(engine, None, None, group_by)
         whole.append(time.perf_counter() - t0)
     p, w = statistics.median(plain), statistics.median(whole)
-    say(f"report: group by {','.join(group_by)}: sums alone {p:.2f} s, with the scorecard "
-        f"{w:.2f} s ({w / p:.2f}x; medians of {rounds})")  # fmt: skip
+    say(f"report: group by {','.join(group_by)}: plain (sums over the rows) {p:.2f} s, with "
+        f"the scorecard {w:.2f} s ({w / p:.2f}x; medians of {rounds})")  # fmt: skip
 
 
 def say(line: str) -> None:
@@ -224,10 +273,7 @@ async def main(args: argparse.Namespace) -> None:
         finally:
             await engine.dispose()
         if args.writer_rows:
-            await writer_throughput(url, args.writer_rows, args.batch_size)
-            conn = await asyncpg.connect(url)
-            await conn.execute("TRUNCATE ledger")
-            await conn.close()
+            await writer_rollup_cost(url, args.writer_rows, args.batch_size, args.rounds)
         if args.report_rows:
             await report_speed(url, args.report_rows, args.days)
 
@@ -237,6 +283,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--database-url", required=True, help="a Postgres server (any db)")
     parser.add_argument("--writer-rows", type=int, default=200_000)
     parser.add_argument("--batch-size", type=int, default=1000)
+    parser.add_argument("--rounds", type=int, default=4, help="writer rounds, rollup on and off")
     parser.add_argument("--report-rows", type=int, default=10_000_000)
     parser.add_argument("--days", type=int, default=90)
     return parser.parse_args(argv)
