@@ -203,7 +203,8 @@ async def test_the_rollup_follows_every_way_rows_are_written_and_changed(
     replayed = await deadletters.replay(engine, clean=True)
     assert len(replayed.written) == 1
     async with engine.begin() as conn:
-        await conn.execute(text("UPDATE ledger SET status = 503, backend = 'b9' WHERE id % 7 = 0 AND model <> 'poison'"))
+        moved = "UPDATE ledger SET status = 503, backend = 'b9' WHERE id % 7 = 0"
+        await conn.execute(text(f"{moved} AND model <> 'poison'"))
         await conn.execute(text("DELETE FROM ledger WHERE id % 5 = 0"))
     await assert_rollup_is_the_rows(engine)
     await assert_reports_are_the_rows(engine)
