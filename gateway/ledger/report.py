@@ -3,7 +3,9 @@
 A report groups by one dimension or several (``team,day``). Sums run in the database, one
 GROUP BY over the ledger, in the integer 1e-10 USD units the rows hold, and become
 ``Decimal`` USD at that scale here; the totals line is the exact sum of the group lines, so
-a report always adds up to the last digit.
+a report always adds up to the last digit. A report grouped by day, model or backend only
+reads the hourly rollup for the whole hours of its period and the rows for the rest
+(:mod:`gateway.ledger.rollup`), with the same answers.
 
 ``requests`` counts the calls served (answered below 400, or left by their client midway);
 ``refused`` the calls answered 4xx (a bad key, a limit, bad input, or a backend that

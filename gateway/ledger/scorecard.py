@@ -12,8 +12,9 @@ Percentiles are computed in SQL, identically on Postgres and SQLite:
   milliseconds below 100 ms, tens below 1 s, hundreds below 10 s, whole seconds above
   (0.0875 s counts as 87 ms, 0.2468 s as 240 ms, 3.21 s as 3200 ms). That bounds the
   distinct values per group to a few hundred, so one GROUP BY gathers every group's whole
-  distribution however many rows it holds; a millisecond count per row would make a hash
-  table as large as the ledger.
+  distribution however many rows it holds (a millisecond count per row would make a hash
+  table as large as the ledger), and the hourly rollup keeps each hour's distribution as
+  the number of calls per counted value, which ranks exactly as the rows would.
 * The p-th percentile of n counted durations is the nearest rank: the smallest value v
   such that at least p% of them are <= v (Postgres's ``percentile_disc``), picked in
   integers (``100 * at_or_below >= p * n``), so no float rounding can move a rank.
