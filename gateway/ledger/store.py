@@ -7,7 +7,8 @@ batch that hits the unique request_id (a replay after a commit whose reply was l
 a spool replayed twice) is written the careful way: COPY into a per-connection staging
 table and ``INSERT ... SELECT ... ON CONFLICT (request_id) DO NOTHING RETURNING``, so a
 replayed batch never counts a call twice. SQLite gets the same conflict rule through the
-same staging shape (see ``_insert_sqlite``).
+same staging shape (see ``_insert_sqlite``). Either way the ledger's triggers add exactly
+the rows inserted to the hourly rollup in the same statement (gateway.ledger.rollup).
 """
 
 from __future__ import annotations
