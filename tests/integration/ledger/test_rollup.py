@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import math
 from collections import Counter, defaultdict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
-from sqlalchemy import select, text
+from sqlalchemy import ColumnElement, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.flow import Call, Cost, Usage
@@ -80,7 +80,7 @@ def counted_ms(seconds: float) -> float:
     return math.floor(seconds) * 1000
 
 
-def expected(rows: list[Any]) -> tuple[dict[CellKey, list[int]], dict[Any, int]]:
+def expected(rows: Sequence[Any]) -> tuple[dict[CellKey, list[int]], dict[Any, int]]:
     """The rollup's cells from the rows: sums, and served calls per kind and count."""
     sums: dict[CellKey, list[int]] = defaultdict(lambda: [0] * 14)
     counts: Counter[Any] = Counter()
@@ -142,7 +142,8 @@ def rows_percentiles(
     dialect: str, start: datetime | None, end: datetime | None, group_by: tuple[GroupBy, ...]
 ) -> Any:
     """The scorecard's percentiles over the rows alone, as for groupings not rolled up."""
-    column = {"backend": LedgerRow.backend, "model": LedgerRow.model}
+    column: dict[str, ColumnElement[Any]] = {"backend": LedgerRow.backend.expression,
+                                             "model": LedgerRow.model.expression}  # fmt: skip
     groups = [column[g] if g in column else utc_date(LedgerRow.ts, dialect) for g in group_by]
     where = within(LedgerRow.ts, start, end)
     return percentile_query(duration_counts(dialect, groups, where), len(groups))
@@ -182,7 +183,7 @@ async def test_the_rollup_follows_every_way_rows_are_written_and_changed(
     rows = [ledger_row(c, Cost(input=7 * i, cached_input=i, output=3 * i, total=11 * i,
                                without_cache=13 * i)) for i, c in enumerate(calls)]  # fmt: skip
     bad = poisoned(db_url)  # in a cell of its own: SQLite's is a cost no other sums with
-    bad = bad._replace(model=bad.model.replace("alpha", "poison"), backend="b-poison")
+    bad = bad._replace(model=str(bad.model).replace("alpha", "poison"), backend="b-poison")
 
     await written(db_url, tmp_path, [*rows[:100], bad, *rows[100:150]])  # batches of 37
     assert [x.request_id for x in await deadletters.listing(engine)] == [bad.request_id]
