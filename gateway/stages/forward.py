@@ -2,24 +2,20 @@
 HTTP client into a GatewayError (what the answer is read through: :mod:`gateway.answers`;
 its relay to the client: :mod:`gateway.stages.relay`).
 
-This is the only module that knows the upstream HTTP client. aiohttp, not httpx: side by
-side against one server, aiohttp's ClientSession makes many times the calls per second of
-httpx's AsyncClient, at a fraction of its latency.
+This is the only module that knows the upstream HTTP client (:mod:`gateway.upstream`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Mapping
 from types import TracebackType
 from typing import Any
 
-import aiohttp
 import orjson
 from starlette.types import Receive
-from yarl import URL
 
+from gateway import upstream as http
 from gateway.answers import Answer, FixedAnswer
 from gateway.backends import Backend, Cut
 from gateway.errors import (
@@ -44,7 +40,7 @@ class Unreachable(BackendUnavailable):
     """The backend refused the connection: it is down, and the call is safe to retry."""
 
 
-CLIENT_ERRORS = (TimeoutError, aiohttp.ClientError)
+CLIENT_ERRORS = (TimeoutError, http.ClientError)
 """What the HTTP client raises when a backend fails: ``failure`` maps each."""
 
 
@@ -57,7 +53,7 @@ def failure(exc: Exception, backend: str, begun: bool) -> GatewayError:
         return GatewayTimeout(f"backend {backend} {late}")
     if begun:
         return BadGateway(f"backend {backend} broke off its answer: {kind}")
-    if isinstance(exc, aiohttp.ClientConnectorError):
+    if isinstance(exc, http.ConnectError):
         return Unreachable(f"backend {backend} unreachable: {kind}")
     return BadGateway(f"backend {backend} failed: {kind}")
 
@@ -74,48 +70,26 @@ def retryable(exc: BaseException) -> bool:
 
 
 class Upstream:
-    """One long-lived, pooled HTTP client for every backend call."""
+    """One long-lived HTTP client for every backend call: a connection pool per backend."""
 
     def __init__(self, settings: UpstreamSettings, metrics: GatewayMetrics | None = None) -> None:
         """With metrics, the time to open each new connection is recorded per backend."""
         self._settings = settings
         self._metrics = metrics
-        self._names: dict[tuple[str | None, int | None], str] = {}
-        """Backend name by (host, port), for the connect-time label."""
-        self._urls: set[str] = set()
-        self._session: aiohttp.ClientSession | None = None
+        self._pools: dict[str, http.Pool] = {}
+        """By backend URL, each opened at the backend's first call."""
         self._waiting: set[ClientWatch] = set()
         self._sweeper: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        s = self._settings
-        # aiohttp's read timeout bounds each silence (restarted by every chunk): for a
-        # non-streamed call, whose answer comes whole, the wait for it; for a stream, the
-        # wait for its first event after the headers, then (``_begin``) between chunks.
-        self._whole = aiohttp.ClientTimeout(
-            sock_connect=s.connect_timeout, sock_read=s.read_timeout
-        )
-        self._stream = aiohttp.ClientTimeout(
-            sock_connect=s.connect_timeout, sock_read=s.first_byte_timeout
-        )
-        self._session = aiohttp.ClientSession(
-            connector=TimedConnector(
-                self._metrics, self._names, limit=s.max_connections, limit_per_host=0
-            )
-            if self._metrics
-            else aiohttp.TCPConnector(limit=s.max_connections, limit_per_host=0),
-            timeout=self._whole,
-            auto_decompress=False,
-            skip_auto_headers=("User-Agent", "Accept-Encoding"),
-        )
         self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
 
     async def aclose(self) -> None:
         if self._sweeper is not None:
             self._sweeper.cancel()
             await asyncio.gather(self._sweeper, return_exceptions=True)
-        if self._session is not None:
-            await self._session.close()
+        for pool in self._pools.values():
+            await pool.aclose()
 
     def watch(self, call: Call, receive: Receive) -> ClientWatch:
         """A ClientWatch for the call's wait for its answer (``with``)."""
@@ -131,9 +105,9 @@ class Upstream:
         """POST the body and wait until there is something for the client: a stream's
         first chunk, a non-streamed answer whole. Until then a failure is safe to retry.
 
-        The wait is bounded by ``first_byte_timeout`` (streams) or ``read_timeout``, and
-        cut short at once if the backend is ejected meanwhile (``Backend.waits``). A
-        backend error status raises UpstreamError with its own body.
+        The wait is bounded by ``first_byte_timeout`` (streams) or ``read_timeout`` (each
+        silence of the backend), and cut short at once if the backend is ejected meanwhile
+        (``Backend.waits``). A backend error status raises UpstreamError with its own body.
         """
         wait = Cut()
         backend.waits.add(wait)
@@ -149,23 +123,18 @@ class Upstream:
             backend.waits.discard(wait)
 
     async def _exchange(self, call: Call, backend: Backend, body: bytes) -> Answer:
-        assert self._session is not None
         assert call.request is not None
         stream = call.request.stream
-        headers = {"content-type": "application/json", "x-request-id": call.id}
+        headers = [("content-type", "application/json"), ("x-request-id", call.id)]
         if backend.api_key:
-            headers["authorization"] = f"Bearer {backend.api_key}"
-        url = backend.url + UPSTREAM_PATH[call.request.endpoint]
-        if backend.url not in self._urls:
-            self._urls.add(backend.url)
-            origin = URL(backend.url)
-            self._names[origin.host, origin.port] = backend.name
-        timeout = self._stream if stream else self._whole
-        resp = await self._session.post(url, data=body, headers=headers, timeout=timeout)
+            headers.append(("authorization", f"Bearer {backend.api_key}"))
+        timeout = self._settings.first_byte_timeout if stream else self._settings.read_timeout
+        path = UPSTREAM_PATH[call.request.endpoint]
+        resp = await self._pool(backend).request(path, body, headers, timeout)
         try:
             if resp.status >= 400:
                 raw = await resp.read()
-                raise UpstreamError(resp.status, raw, resp.content_type or "application/json")
+                raise UpstreamError(resp.status, raw, content_type(resp.headers))
             if stream:  # its first token's time is the relay's to note (stages/sse.py)
                 return await self._begin(resp, backend)
             raw = await resp.read()
@@ -175,17 +144,24 @@ class Upstream:
         resp.release()
         return FixedAnswer(raw, resp.headers)
 
-    async def _begin(self, resp: aiohttp.ClientResponse, backend: Backend) -> StreamAnswer:
+    def _pool(self, backend: Backend) -> http.Pool:
+        pool = self._pools.get(backend.url)
+        if pool is None:
+            histogram = self._metrics.connect.labels(backend.name) if self._metrics else None
+            pool = self._pools[backend.url] = http.Pool(
+                backend.url,
+                limit=self._settings.max_connections,
+                connect_timeout=self._settings.connect_timeout,
+                on_connect=histogram.observe if histogram else None,
+            )
+        return pool
+
+    async def _begin(self, resp: http.Response, backend: Backend) -> StreamAnswer:
         """Read a stream's first chunk, then bound the silences between the next ones."""
-        first = await resp.content.readany()
+        first = await resp.chunk()
         if not first:
-            raise aiohttp.ClientPayloadError("the stream ended before its first event")
-        if resp.connection is not None:
-            protocol = resp.connection.protocol
-            if protocol is not None:
-                # aiohttp's own read timeout, restarted by every chunk that arrives.
-                protocol.read_timeout = self._settings.idle_timeout
-                protocol.start_timeout()
+            raise http.ConnectionBroken("the stream ended before its first event")
+        resp.expect(self._settings.idle_timeout)
         return StreamAnswer(resp, first, backend.name)
 
 
@@ -198,7 +174,7 @@ class StreamAnswer:
 
     __slots__ = ("_backend", "_first", "_resp", "headers")
 
-    def __init__(self, resp: aiohttp.ClientResponse, first: bytes, backend: str) -> None:
+    def __init__(self, resp: http.Response, first: bytes, backend: str) -> None:
         self._resp = resp
         self._first: bytes | None = first
         self._backend = backend
@@ -215,7 +191,7 @@ class StreamAnswer:
             chunk, self._first = self._first, None
             return chunk
         try:
-            chunk = await self._resp.content.readany()
+            chunk = await self._resp.chunk()
         except CLIENT_ERRORS as exc:
             raise failure(exc, self._backend, begun=True) from exc
         if not chunk:
@@ -290,32 +266,6 @@ class ClientWatch:
             self._cut.cut("client left")
 
 
-class TimedConnector(aiohttp.TCPConnector):
-    """A TCPConnector that times the opening of each new connection to a backend.
-
-    Not an aiohttp TraceConfig: with any trace config set, aiohttp builds a Trace and
-    sends every signal on every request, a cost paid by every call. This hook runs only
-    when a connection is opened, so reused connections cost nothing.
-    """
-
-    def __init__(
-        self,
-        metrics: GatewayMetrics,
-        names: dict[tuple[str | None, int | None], str],
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(**kwargs)
-        self._histogram = metrics.connect
-        self._names = names
-
-    async def _create_connection(self, req: Any, traces: Any, timeout: Any) -> Any:  # noqa: ASYNC109
-        started = time.perf_counter()
-        protocol = await super()._create_connection(req, traces, timeout)
-        backend = self._names.get((req.url.host, req.url.port), "")
-        self._histogram.labels(backend).observe(time.perf_counter() - started)
-        return protocol
-
-
 def upstream_body(request: Request, upstream_model: str, raw: bytes) -> bytes:
     """The body to send upstream: the client's bytes unless the gateway must change them.
 
@@ -333,6 +283,11 @@ def upstream_body(request: Request, upstream_model: str, raw: bytes) -> bytes:
         options["include_usage"] = True
         body["stream_options"] = options
     return orjson.dumps(body)
+
+
+def content_type(headers: Mapping[str, str]) -> str:
+    """The media type of an answer (its parameters left off), JSON if it names none."""
+    return headers.get("content-type", "").partition(";")[0].strip() or "application/json"
 
 
 def passed_headers(answer: Answer) -> dict[str, str]:
