@@ -21,8 +21,9 @@ from gateway.stages import usage as usage_stage
 class EventScanner:
     """Splits an SSE byte stream into events and picks out the usage event.
 
-    Events are passed through as bytes; only an event carrying a usage object is decoded.
-    One the client did not ask for (``choices: []`` plus usage) is dropped.
+    Events are passed through as the bytes that came; only a piece of the stream that
+    mentions usage is split into its events, and only an event carrying a usage object is
+    decoded. One the client did not ask for (``choices: []`` plus usage) is dropped.
     """
 
     RAW_KEPT = 32 * 1024
@@ -39,38 +40,50 @@ class EventScanner:
         self.usage: Usage | None = None
         """The last usage the stream carried; None while it carried none."""
         self.delivered: list[bytes] = []
-        """Events passed to the client not yet reduced to text (see ``reply``)."""
+        """Events passed to the client not yet reduced to text (see ``reply``), as the
+        pieces they were passed in."""
         self._held = 0
         self._text: list[str] = []
         self._buf = b""
 
     def feed(self, data: bytes) -> bytes:
         """The complete events so far, as the client gets them."""
-        self._buf += data
-        if b"\n\n" not in self._buf:
+        buf = self._buf + data if self._buf else data
+        end = buf.rfind(b"\n\n") + 2
+        if end < 2:
+            self._buf = buf
             return b""
-        *events, self._buf = self._buf.split(b"\n\n")
+        out, self._buf = buf[:end], buf[end:]
         if not self.token_seen:
-            self.token_seen = any(map(carries_token, events))
-        kept = [e for e in events if self._keep(e)]
-        self.ended = self.ended or ends_stream(kept[-1] if kept else b"")
-        self.delivered.extend(kept)
-        self._held += len(data)
+            self.token_seen = any(map(carries_token, out.split(b"\n\n")))
+        if b'"usage"' in out:
+            out = self._keep_events(out)
+        self.ended = self.ended or ends_stream(last_event(out))
+        self.delivered.append(out)
+        self._held += len(out)
         if self._held > self.RAW_KEPT:
-            self._text.append(usage_stage.delivered_text(self.delivered))
+            self._text.append(self._delivered_text())
             self.delivered.clear()
             self._held = 0
-        return b"".join(e + b"\n\n" for e in kept)
+        return out
 
     def reply(self) -> str:
         """The text delivered so far: to count tokens if usage never arrives, and to learn
         the next turn's prefix."""
-        return "".join(self._text) + usage_stage.delivered_text(self.delivered)
+        return "".join(self._text) + self._delivered_text()
 
     def tail(self) -> bytes:
         """Whatever followed the last complete event (normally nothing)."""
         rest, self._buf = self._buf, b""
         return rest
+
+    def _delivered_text(self) -> str:
+        return usage_stage.delivered_text(b"".join(self.delivered).split(b"\n\n"))
+
+    def _keep_events(self, events: bytes) -> bytes:
+        """The events (each ending in a blank line) less a usage event nobody asked for."""
+        kept = [e for e in events.split(b"\n\n")[:-1] if self._keep(e)]
+        return b"".join(e + b"\n\n" for e in kept)
 
     def _keep(self, event: bytes) -> bool:
         if b'"usage":' not in event and b'"usage" :' not in event:
@@ -84,6 +97,12 @@ class EventScanner:
             return True
         self.usage = found
         return not (self.strip_usage and not data.get("choices"))
+
+
+def last_event(events: bytes) -> bytes:
+    """The last of complete events (each ending in a blank line), without its blank line."""
+    start = events.rfind(b"\n\n", 0, len(events) - 2)
+    return events[start + 2 if start >= 0 else 0 : -2]
 
 
 RESPONSE_ENDS = (b"event: response.completed", b"event: response.incomplete",
