@@ -247,6 +247,7 @@ class Connection(asyncio.Protocol):
         """The answer's reader is done with it: reuse the connection if it can be."""
         self._response = None
         if resp.complete and self._keep_alive and not self.closed and resp.error is None:
+            self.drained()  # its next answer is read from the start
             self.idle_since = self._loop.time()
             self._on_done(self)
         else:
