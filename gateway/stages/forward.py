@@ -125,9 +125,7 @@ class Upstream:
     async def _exchange(self, call: Call, backend: Backend, body: bytes) -> Answer:
         assert call.request is not None
         stream = call.request.stream
-        headers = [("content-type", "application/json"), ("x-request-id", call.id)]
-        if backend.api_key:
-            headers.append(("authorization", f"Bearer {backend.api_key}"))
+        headers = (("x-request-id", call.id),)
         timeout = self._settings.first_byte_timeout if stream else self._settings.read_timeout
         path = UPSTREAM_PATH[call.request.endpoint]
         resp = await self._pool(backend).request(path, body, headers, timeout)
@@ -148,8 +146,12 @@ class Upstream:
         pool = self._pools.get(backend.url)
         if pool is None:
             histogram = self._metrics.connect.labels(backend.name) if self._metrics else None
+            headers = [("content-type", "application/json")]
+            if backend.api_key:
+                headers.append(("authorization", f"Bearer {backend.api_key}"))
             pool = self._pools[backend.url] = http.Pool(
                 backend.url,
+                headers=headers,
                 limit=self._settings.max_connections,
                 connect_timeout=self._settings.connect_timeout,
                 on_connect=histogram.observe if histogram else None,

@@ -81,9 +81,19 @@ class EventScanner:
         return usage_stage.delivered_text(b"".join(self.delivered).split(b"\n\n"))
 
     def _keep_events(self, events: bytes) -> bytes:
-        """The events (each ending in a blank line) less a usage event nobody asked for."""
-        kept = [e for e in events.split(b"\n\n")[:-1] if self._keep(e)]
-        return b"".join(e + b"\n\n" for e in kept)
+        """The events (each ending in a blank line) less a usage event nobody asked for;
+        only the events that mention usage are looked at."""
+        kept, start = [], 0
+        at = events.find(b'"usage"')
+        while at >= 0:
+            begin = events.rfind(b"\n\n", 0, at)
+            begin = begin + 2 if begin >= 0 else 0
+            end = events.find(b"\n\n", at) + 2
+            if not self._keep(events[begin : end - 2]):
+                kept.append(events[start:begin])
+                start = end
+            at = events.find(b'"usage"', end)
+        return b"".join(kept) + events[start:] if kept else events
 
     def _keep(self, event: bytes) -> bool:
         if b'"usage":' not in event and b'"usage" :' not in event:

@@ -33,11 +33,13 @@ class Pool:
         self,
         url: str,
         *,
+        headers: Iterable[tuple[str, str]] = (),
         limit: int,
         connect_timeout: float,
         on_connect: Callable[[float], object] | None = None,
     ) -> None:
-        """``on_connect`` is told how many seconds each new connection took to open."""
+        """``headers`` go with every request (with ``host``); ``on_connect`` is told how many
+        seconds each new connection took to open."""
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"not an http(s) URL: {url!r}")
@@ -45,7 +47,7 @@ class Pool:
         self._port = parts.port or (443 if parts.scheme == "https" else 80)
         self._ssl = ssl.create_default_context() if parts.scheme == "https" else None
         self._base = parts.path.rstrip("/")
-        self._host_line = f"host: {parts.netloc}\r\n".encode("latin-1")
+        self._fixed = header_lines([("host", parts.netloc), *headers])
         self._limit = limit
         self._connect_timeout = connect_timeout
         self._on_connect = on_connect
@@ -58,9 +60,10 @@ class Pool:
     async def request(
         self, path: str, body: bytes, headers: Iterable[tuple[str, str]], silence: float
     ) -> Response:
-        """POST ``body`` and wait for the answer's status and headers, with no silence of
-        the backend over ``silence`` seconds; the answer's body is then read from the
-        Response, which must be given back (``release`` or ``close``).
+        """POST ``body`` (with ``headers`` besides the pool's own) and wait for the answer's
+        status and headers, with no silence of the backend over ``silence`` seconds; the
+        answer's body is then read from the Response, which must be given back
+        (``release`` or ``close``).
 
         A reused connection the backend closed before answering (its keep-alive timeout
         raced this request) is replaced by a new one, once: the backend never saw the
@@ -95,15 +98,9 @@ class Pool:
                 waiter.set_exception(ConnectionBroken("the upstream client is closed"))
 
     def _head(self, path: str, length: int, headers: Iterable[tuple[str, str]]) -> bytes:
-        lines = []
-        for name, value in headers:
-            if "\r" in value or "\n" in value:  # would start a header of its own
-                raise ValueError(f"header {name} carries a line break")
-            lines.append(f"{name}: {value}\r\n")
-        lines.append(f"content-length: {length}\r\n\r\n")
-        start = f"POST {self._base}{path} HTTP/1.1\r\n"
-        return b"".join((start.encode("latin-1"), self._host_line,
-                         "".join(lines).encode("latin-1")))  # fmt: skip
+        start = f"POST {self._base}{path} HTTP/1.1\r\n".encode("latin-1")
+        return b"".join((start, self._fixed, header_lines(headers),
+                         b"content-length: %d\r\n\r\n" % length))  # fmt: skip
 
     async def _acquire(self) -> tuple[Connection, bool]:
         """An idle connection (True: reused) or a new one, waiting at the limit."""
@@ -173,3 +170,13 @@ class Pool:
             if not waiter.done():
                 waiter.set_result(None)
                 return
+
+
+def header_lines(headers: Iterable[tuple[str, str]]) -> bytes:
+    """``name: value`` lines; a value that would start a header of its own is refused."""
+    lines = []
+    for name, value in headers:
+        if "\r" in value or "\n" in value:
+            raise ValueError(f"header {name} carries a line break")
+        lines.append(f"{name}: {value}\r\n")
+    return "".join(lines).encode("latin-1")

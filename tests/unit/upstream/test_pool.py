@@ -86,7 +86,8 @@ async def ok(writer: asyncio.StreamWriter, _: asyncio.StreamReader, s: Server) -
 
 async def test_a_whole_answer_and_the_connection_reused() -> None:
     async with server(ok) as s:
-        p = pool(s.url + "/base/")
+        p = Pool(s.url + "/base/", headers=[("authorization", "Bearer k")], limit=1,
+                 connect_timeout=2)  # fmt: skip
         for n in (1, 2, 3):
             resp = await p.request("/v1/x", b"{}", HEADERS, 5)
             assert (resp.status, resp.headers["content-type"]) == (200, "application/json")
@@ -95,7 +96,9 @@ async def test_a_whole_answer_and_the_connection_reused() -> None:
         await p.aclose()
     assert s.connections == 1
     assert s.heads[0].startswith(b"POST /base/v1/x HTTP/1.1\r\nhost: 127.0.0.1:")
-    assert b"x-request-id: r1\r\n" in s.heads[0]
+    assert b"host: 127.0.0.1:" in s.heads[0]
+    assert b"authorization: Bearer k\r\ncontent-type: application/json\r\n" in s.heads[0]
+    assert s.heads[0].endswith(b"content-length: 2\r\n\r\n")
 
 
 async def test_a_chunked_stream_arrives_chunk_by_chunk() -> None:
@@ -354,6 +357,8 @@ async def test_a_header_carrying_a_line_break_is_refused() -> None:
     p = pool("http://127.0.0.1:1")
     with pytest.raises(ValueError, match="line break"):
         await p.request("/", b"{}", [("x-request-id", "a\r\nx-admin: yes")], 5)
+    with pytest.raises(ValueError, match="line break"):
+        Pool("http://h", headers=[("authorization", "k\nx: y")], limit=1, connect_timeout=1)
 
 
 async def test_calls_to_the_simulator_whole_and_streamed() -> None:
