@@ -74,7 +74,9 @@ class UpstreamSettings(Section):
     """Seconds a backend ejected for failed calls stays out; then a good health probe lets
     it back on probation, where its first failure ejects it again. One ejected by a probe
     is back at the next good probe."""
-    max_connections: int = 1000
+    max_connections: int = Field(1000, ge=1)
+    """Connections open to each backend at most (kept alive between calls); a call beyond
+    them waits for one to come back."""
     health_interval: float = 0.75
     health_timeout: float = 1.0
     """A probe unanswered this long ejects the backend: with the interval, a hung backend
