@@ -141,8 +141,6 @@ class Connection(asyncio.Protocol):
         self._due = 0.0
         """When the armed timer fires (0.0: none armed)."""
         self.closed = False
-        self.requests = 0
-        """Requests sent on this connection so far."""
         self.idle_since = 0.0
 
     # asyncio's side
@@ -218,7 +216,6 @@ class Connection(asyncio.Protocol):
         """Write a request; its answer is awaited with no silence over ``timeout``."""
         assert self._transport is not None
         assert self._response is None
-        self.requests += 1
         resp = self._response = Response(self)
         self.expect(timeout)
         self._transport.writelines((head, body))
