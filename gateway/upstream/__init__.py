@@ -3,13 +3,12 @@ per backend (:mod:`.pool`) of asyncio connections whose answers httptools parses
 (:mod:`.connection`).
 
 Its own rather than aiohttp's ClientSession: aiohttp builds a request object, a response
-object, a stream reader, header multidicts, URL objects and timers for every call, and
-profiles of the gateway under load put over a quarter of its CPU per call there. This
-client does per call what a call needs (one head written, one answer object, no timer on
-a reused connection) and keeps what aiohttp gave: connect and read timeouts, a bound on
-connections, keep-alive, chunked and Content-Length bodies, back-pressure, and closing a
-connection to abort its request. httptools is llhttp (Node.js's parser), already here as
-uvicorn's parser.
+object, a stream reader, header multidicts, URL objects and timers for every call, a
+large share of the gateway's CPU per call. This client does per call what a call needs
+(one head written, one answer object, no timer on a reused connection) and keeps what
+aiohttp gave: connect and read timeouts, a bound on connections, keep-alive, chunked and
+Content-Length bodies, back-pressure, and closing a connection to abort its request.
+httptools is llhttp (Node.js's parser), already here as uvicorn's parser.
 """
 
 from gateway.upstream.connection import (
