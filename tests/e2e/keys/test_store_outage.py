@@ -67,8 +67,8 @@ def test_a_key_store_outage_degrades_what_it_must_and_says_so(
     with gateway_process("serve", "--config", str(cfg)) as url:
         _, known = issue_key(url, "outage")
         _, unseen = issue_key(url, "outage")  # issued, never used through this gateway
+        confirmed = time.monotonic()  # the store's last word on `known` comes after this
         assert chat(url, known).status_code == 200
-        confirmed = time.monotonic()  # the store's last word on `known` is at most this old
         ready = httpx.get(url + "/ready", timeout=10)
         assert (ready.status_code, ready.json()["status"]) == (200, "ready")
 
