@@ -6,7 +6,9 @@
 Production shape: one gateway worker with a Postgres ledger (a scratch database created
 next to the one named, dropped at the end), Redis (a key prefix of its own, deleted at
 the end), API keys on (``--keys`` of them, with rate limits and budgets that never
-refuse), in front of one instant simulator; vllm-router in front of the same simulator.
+refuse), in front of an instant simulator; vllm-router in front of another (one shared
+simulator, a single Python process, would serve whichever target asks faster, and the
+Rust router asks several times faster: the gateway's calls would wait on the router's).
 Both are driven at once by ``wrk`` with the same mixed calls: streamed and not, system
 prompts of 20, 300 and 1,500 words, up to three earlier turns, a new question every call,
 8-64 output tokens, the keys in turn. Every ``--round`` seconds it samples each process's
@@ -15,6 +17,11 @@ has served ``--calls`` (or after ``--max-minutes``). It then prints the samples 
 per target, RSS right after start, after the warm-up (``--warmup`` calls) and at the
 end, with the growth after the warm-up. The access log is off (a million lines to a
 file measure the disk); everything listens on 127.0.0.1.
+
+With ``--trace DIR`` the gateway runs under tracemalloc (:mod:`gateway.bench.traced`),
+which costs it much of its speed: a run to find where memory goes, not one to measure RSS.
+A heap report is taken after the warm-up and each ``--trace-every`` calls after it, and
+the last is compared with the first.
 """
 
 from __future__ import annotations
@@ -22,8 +29,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -38,6 +47,7 @@ from pathlib import Path
 
 import httpx
 
+from gateway.bench import traced
 from gateway.bench.overhead import free_port, process, vllm_router
 
 MODEL = "sim-model"
@@ -184,10 +194,49 @@ def gateway_config(tmp: Path, sim: str, db: str, redis_url: str, prefix: str) ->
     return cfg
 
 
+@contextlib.contextmanager
+def simulator(log: Path) -> Iterator[str]:
+    """An instant simulator of its own: its URL."""
+    url = f"http://127.0.0.1:{free_port()}"
+    with process([sys.executable, "-m", "gateway", "sim", "--instant", "--port",
+                  url.rsplit(":", 1)[1]], url + "/health", log):  # fmt: skip
+        yield url
+
+
 def sample(targets: list[Target], started: float) -> None:
     for t in targets:
         heap = heap_blocks(t.url.rsplit("/v1", 1)[0]) if t.name == "gateway" else None
         t.samples.append(((time.monotonic() - started) / 60, t.calls, rss_mb(t.pid), heap))
+
+
+class HeapReports:
+    """Asks a traced gateway for heap reports (SIGUSR1): after the warm-up, every ``every``
+    calls after it and at the end; then prints what grew from the second (the first with
+    traced allocations in it) to the last."""
+
+    def __init__(self, pid: int, directory: Path | None, warmup: int, every: int) -> None:
+        self._pid, self._dir, self._every = pid, directory, every
+        self._next, self._taken = warmup, 0
+
+    def maybe(self, calls: int) -> None:
+        if self._dir is not None and calls >= self._next:
+            self._take()
+            self._next = calls + self._every
+
+    def finish(self) -> None:
+        if self._dir is None or not self._taken:
+            return
+        self._take()
+        traced.compare(self._dir / "002", self._dir / f"{self._taken:03d}")
+
+    def _take(self) -> None:
+        assert self._dir is not None
+        self._taken += 1
+        os.kill(self._pid, signal.SIGUSR1)
+        done = self._dir / f"{self._taken:03d}.json"
+        deadline = time.monotonic() + 600
+        while not done.exists() and time.monotonic() < deadline:
+            time.sleep(1)
 
 
 def run(args: argparse.Namespace) -> None:
@@ -196,24 +245,24 @@ def run(args: argparse.Namespace) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="gw-soak-"))
     lua = tmp / "soak.lua"
     lua.write_text(LUA)
-    sim_port, gw_port = free_port(), free_port()
-    sim = f"http://127.0.0.1:{sim_port}"
+    gw_port = free_port()
     prefix = f"gw-soak-{uuid.uuid4().hex[:8]}:"
     py = sys.executable
     with contextlib.ExitStack() as stack:
         db = stack.enter_context(scratch_database(args.database_url))
         stack.callback(delete_prefix, args.redis_url, prefix)
         keys = asyncio.run(make_keys(db, args.keys))
-        cfg = gateway_config(tmp, sim, db, args.redis_url, prefix)
-        stack.enter_context(process(
-            [py, "-m", "gateway", "sim", "--instant", "--port", str(sim_port)],
-            sim + "/health", tmp / "sim.log"))  # fmt: skip
+        cfg = gateway_config(tmp, stack.enter_context(simulator(tmp / "sim.log")), db,
+                             args.redis_url, prefix)  # fmt: skip
+        tracer = [py, "-m", "gateway.bench.traced", str(args.trace)] if args.trace else []
         gw = stack.enter_context(process(
-            [py, "-m", "gateway", "serve", "--config", str(cfg), "--port", str(gw_port)],
+            [*(tracer or [py, "-m", "gateway"]), "serve", "--config", str(cfg),
+             "--port", str(gw_port)],
             f"http://127.0.0.1:{gw_port}/health", tmp / "gateway.log"))  # fmt: skip
         targets = [Target("gateway", f"http://127.0.0.1:{gw_port}/v1/chat/completions",
                           gw.pid, keys)]  # fmt: skip
         if args.vllm_router:
+            sim = stack.enter_context(simulator(tmp / "router-sim.log"))
             url, pid = stack.enter_context(vllm_router(args.vllm_router, sim, tmp / "router.log"))
             targets.append(Target("vllm-router", url + "/v1/chat/completions", pid, []))
         started = time.monotonic()
@@ -223,6 +272,7 @@ def run(args: argparse.Namespace) -> None:
                 headers={"authorization": f"Bearer {keys[0]}"})  # fmt: skip
             r.raise_for_status()
         sample(targets, started)
+        heap = HeapReports(gw.pid, args.trace, args.warmup, args.trace_every)
         deadline = started + args.max_minutes * 60
         while time.monotonic() < deadline and any(t.calls < args.calls for t in targets):
             threads = [threading.Thread(target=wrk_round, args=(t, lua, args.connections,
@@ -232,8 +282,10 @@ def run(args: argparse.Namespace) -> None:
             for th in threads:
                 th.join()
             sample(targets, started)
+            heap.maybe(targets[0].calls)
             print(" | ".join(f"{t.name} {t.calls:,} calls {t.samples[-1][2]:.1f} MB"
                              for t in targets), file=sys.stderr, flush=True)  # fmt: skip
+        heap.finish()
     report(targets, args.warmup)
 
 
@@ -264,6 +316,10 @@ def main() -> None:
     parser.add_argument("--round", type=int, default=15, help="seconds between samples")
     parser.add_argument("--connections", type=int, default=32, help="wrk connections each")
     parser.add_argument("--keys", type=int, default=8)
+    parser.add_argument("--trace", type=Path, help="run the gateway under tracemalloc; "
+                        "heap reports go to this directory")  # fmt: skip
+    parser.add_argument("--trace-every", type=int, default=100_000,
+                        help="calls between heap reports after the warm-up")  # fmt: skip
     parser.add_argument("--vllm-router", help="path of the `vllm-router` command")
     parser.add_argument("--database-url", default="postgresql://postgres@127.0.0.1:5432/test",
                         help="a Postgres server (its database is left alone)")  # fmt: skip

@@ -1,0 +1,171 @@
+"""The gateway under tracemalloc, for the soak benchmark: a heap report on each SIGUSR1.
+
+    python -m gateway.bench.traced DIR serve --config gateway.yaml
+
+The gateway's own command line runs; the first SIGUSR1 starts tracing (from the start,
+loading a tokenizer alone would take half a minute), so the first snapshot holds almost
+nothing and a comparison starts at the second. Each SIGUSR1 collects garbage and writes
+``DIR/NNN.snapshot`` (tracemalloc) and
+``DIR/NNN.json``: allocated blocks before and after the collection, the collector's
+counts and per-generation statistics, the most numerous live object types, and the size
+of every container reachable from the running ``Services`` (each cache) and of every
+``functools`` cache in the package. :func:`compare` reads two reports back and prints what
+grew between them. Only the soak benchmark starts the gateway this way: tracing every
+allocation costs a large share of its speed, so it is no setting of the gateway.
+"""
+
+from __future__ import annotations
+
+import collections
+import gc
+import json
+import linecache
+import os
+import signal
+import sys
+import tracemalloc
+from collections.abc import Iterator
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+FRAMES = 12
+"""Frames kept per allocation: enough to reach the gateway's own code from a library's."""
+TOP = 25
+CONTAINERS = (dict, list, set, frozenset, collections.deque)
+
+
+def main(argv: list[str]) -> int:
+    directory = Path(argv[0])
+    directory.mkdir(parents=True, exist_ok=True)
+    taken = [0]
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        if not tracemalloc.is_tracing():
+            tracemalloc.start(FRAMES)
+        taken[0] += 1
+        report(directory / f"{taken[0]:03d}")
+
+    signal.signal(signal.SIGUSR1, on_signal)
+    from gateway.cli import main as gateway_main
+
+    return gateway_main(argv[1:])
+
+
+def report(stem: Path) -> None:
+    """Write the snapshot and the JSON figures beside it (see the module docstring)."""
+    before = sys.getallocatedblocks()
+    gc.collect()
+    objects = gc.get_objects()
+    types = collections.Counter(type(o).__qualname__ for o in objects)
+    figures = {
+        "blocks_before_collect": before,
+        "blocks": sys.getallocatedblocks(),
+        "gc_counts": gc.get_count(),
+        "gc_stats": gc.get_stats(),
+        "gc_objects": len(objects),
+        "types": types.most_common(40),
+        "containers": dict(sorted(cache_sizes(objects).items())),
+        "traced_mb": tracemalloc.get_traced_memory()[0] / 2**20,
+    }
+    del objects
+    snapshot = tracemalloc.take_snapshot().filter_traces(
+        [tracemalloc.Filter(False, tracemalloc.__file__), tracemalloc.Filter(False, "<unknown>")]
+    )
+    snapshot.dump(str(stem.with_suffix(".snapshot")))
+    partial = stem.with_suffix(".partial")
+    partial.write_text(json.dumps(figures, indent=1))
+    partial.replace(stem.with_suffix(".json"))  # whole, for the benchmark waiting on it
+
+
+def cache_sizes(objects: list[Any]) -> dict[str, int]:
+    """Length of each container (and each object with a length) under the Services, by
+    attribute path; and each ``functools`` cache of a gateway module, by function."""
+    from gateway.services import Services
+
+    out: dict[str, int] = {}
+    for svc in (o for o in objects if isinstance(o, Services)):
+        out.update(walk(svc, "services", set(), depth=6))
+    for name, module in list(sys.modules.items()):
+        if not name.startswith("gateway."):
+            continue
+        for attr, value in vars(module).items():
+            if callable(getattr(value, "cache_info", None)):
+                out[f"{name}.{attr}()"] = value.cache_info().currsize
+    return out
+
+
+def walk(obj: Any, path: str, seen: set[int], depth: int) -> Iterator[tuple[str, int]]:
+    """(path, length) of every sized attribute reachable from obj through the gateway's
+    own objects, and through small mappings of them (backends by name, say)."""
+    if id(obj) in seen or depth < 0:
+        return
+    seen.add(id(obj))
+    if isinstance(obj, CONTAINERS) or hasattr(type(obj), "__len__"):
+        yield path, len(obj)
+        if isinstance(obj, dict) and len(obj) <= 16:
+            for key, value in obj.items():
+                yield from walk(value, f"{path}[{key!r}]", seen, depth - 1)
+        if not type(obj).__module__.startswith("gateway"):
+            return
+    if not type(obj).__module__.startswith("gateway"):
+        return
+    for name, value in attributes(obj):
+        yield from walk(value, f"{path}.{name}", seen, depth - 1)
+
+
+def attributes(obj: Any) -> Iterator[tuple[str, Any]]:
+    yield from getattr(obj, "__dict__", {}).items()
+    for cls in type(obj).__mro__:
+        for name in getattr(cls, "__slots__", ()):
+            if hasattr(obj, name):
+                yield name, getattr(obj, name)
+
+
+def compare(first: Path, last: Path, out: Any = sys.stdout) -> None:
+    """Print what grew from report ``first`` to report ``last``: blocks, object types,
+    container sizes, and the allocation sites that gained the most, by count and bytes."""
+    a, b = (json.loads(p.with_suffix(".json").read_text()) for p in (first, last))
+    print(f"\nheap {first.name} -> {last.name}: blocks {a['blocks']:,} -> {b['blocks']:,}, "
+          f"gc objects {a['gc_objects']:,} -> {b['gc_objects']:,}", file=out)  # fmt: skip
+    print(f"gc stats at the end: {b['gc_stats']}", file=out)
+    types_a = dict(a["types"])
+    grown = sorted(((n - types_a.get(t, 0), t, n) for t, n in b["types"]), reverse=True)
+    print("object types (gain, type, count):", file=out)
+    for gain, name, count in grown[:12]:
+        print(f"  {gain:+,} {name} {count:,}", file=out)
+    print("containers that changed (path: first -> last):", file=out)
+    for path, size in b["containers"].items():
+        if a["containers"].get(path) != size:
+            print(f"  {path}: {a['containers'].get(path)} -> {size}", file=out)
+    snaps = [tracemalloc.Snapshot.load(str(p.with_suffix(".snapshot"))) for p in (first, last)]
+    diff = snaps[1].compare_to(snaps[0], "traceback")
+    for title, key in (("blocks", "count_diff"), ("bytes", "size_diff")):
+        print(f"allocation sites gaining the most {title}:", file=out)
+        for stat in sorted(diff, key=lambda s: getattr(s, key), reverse=True)[: TOP // 2]:
+            print(f"  {stat.count_diff:+,} blocks {stat.size_diff / 1024:+,.0f} KiB "
+                  f"(now {stat.count:,}, {stat.size / 1024:,.0f} KiB)", file=out)  # fmt: skip
+            for frame in where(stat.traceback):
+                print(f"      {frame}", file=out)
+
+
+def where(traceback: tracemalloc.Traceback) -> list[str]:
+    """The innermost frames, up to and including the first in the gateway's own code."""
+    lines = []
+    for frame in reversed(traceback):
+        text = linecache.getline(frame.filename, frame.lineno).strip()
+        lines.append(f"{short(frame.filename)}:{frame.lineno} {text}")
+        if f"{os.sep}gateway{os.sep}" in frame.filename and len(lines) > 1:
+            break
+    return lines[:6]
+
+
+def short(filename: str) -> str:
+    for marker in ("site-packages" + os.sep, os.sep + "gateway" + os.sep):
+        if marker in filename:
+            return filename.split(marker, 1)[1]
+    return filename
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
