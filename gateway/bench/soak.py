@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
+from types import FrameType
 
 import httpx
 
@@ -324,7 +325,13 @@ def main() -> None:
     parser.add_argument("--database-url", default="postgresql://postgres@127.0.0.1:5432/test",
                         help="a Postgres server (its database is left alone)")  # fmt: skip
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379")
+    signal.signal(signal.SIGTERM, stop)
     run(parser.parse_args())
+
+
+def stop(signum: int, frame: FrameType | None) -> None:
+    """SIGTERM stops the run as Ctrl-C does: its processes, database and keys go too."""
+    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":

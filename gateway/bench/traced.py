@@ -16,13 +16,16 @@ allocation costs a large share of its speed, so it is no setting of the gateway.
 
 from __future__ import annotations
 
+import asyncio
 import collections
+import functools
 import gc
 import json
 import linecache
 import os
 import signal
 import sys
+import traceback
 import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
@@ -41,10 +44,12 @@ def main(argv: list[str]) -> int:
     taken = [0]
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
+        """Runs between two bytecodes of whatever the loop was doing (a send, say): the
+        report waits for the loop's next turn, so nothing it raises lands in a call."""
         if not tracemalloc.is_tracing():
             tracemalloc.start(FRAMES)
         taken[0] += 1
-        report(directory / f"{taken[0]:03d}")
+        asyncio.get_running_loop().call_soon(report, directory / f"{taken[0]:03d}")
 
     signal.signal(signal.SIGUSR1, on_signal)
     from gateway.cli import main as gateway_main
@@ -53,7 +58,26 @@ def main(argv: list[str]) -> int:
 
 
 def report(stem: Path) -> None:
-    """Write the snapshot and the JSON figures beside it (see the module docstring)."""
+    """Write the snapshot and the JSON figures beside it (see the module docstring); if
+    that fails, the error as the JSON, so that whoever waits for it learns why."""
+    try:
+        figures = heap_figures()
+        snapshot = tracemalloc.take_snapshot().filter_traces(NOT_TRACEMALLOC)
+        snapshot.dump(str(stem.with_suffix(".snapshot")))
+    except Exception:  # noqa: BLE001 - a benchmark's probe: report, never break the server
+        figures = {"error": traceback.format_exc()}
+    partial = stem.with_suffix(".partial")
+    partial.write_text(json.dumps(figures, indent=1))
+    partial.replace(stem.with_suffix(".json"))  # whole, for the benchmark waiting on it
+
+
+NOT_TRACEMALLOC = [
+    tracemalloc.Filter(False, tracemalloc.__file__),
+    tracemalloc.Filter(False, "<unknown>"),
+]
+
+
+def heap_figures() -> dict[str, Any]:
     before = sys.getallocatedblocks()
     gc.collect()
     objects = gc.get_objects()
@@ -69,13 +93,7 @@ def report(stem: Path) -> None:
         "traced_mb": tracemalloc.get_traced_memory()[0] / 2**20,
     }
     del objects
-    snapshot = tracemalloc.take_snapshot().filter_traces(
-        [tracemalloc.Filter(False, tracemalloc.__file__), tracemalloc.Filter(False, "<unknown>")]
-    )
-    snapshot.dump(str(stem.with_suffix(".snapshot")))
-    partial = stem.with_suffix(".partial")
-    partial.write_text(json.dumps(figures, indent=1))
-    partial.replace(stem.with_suffix(".json"))  # whole, for the benchmark waiting on it
+    return figures
 
 
 def cache_sizes(objects: list[Any]) -> dict[str, int]:
@@ -90,7 +108,7 @@ def cache_sizes(objects: list[Any]) -> dict[str, int]:
         if not name.startswith("gateway."):
             continue
         for attr, value in vars(module).items():
-            if callable(getattr(value, "cache_info", None)):
+            if isinstance(value, functools._lru_cache_wrapper):
                 out[f"{name}.{attr}()"] = value.cache_info().currsize
     return out
 
