@@ -69,9 +69,14 @@ def process(
     log: Path,
     timeout: float = 90,
     env: dict[str, str] | None = None,
+    own_session: bool = False,
 ) -> Iterator[subprocess.Popen[bytes]]:
+    """cmd running until the context exits, once ready_url answers; ``own_session``: in a
+    session of its own, which Linux's autogroup scheduler gives a CPU share of its own
+    (otherwise every process of the benchmark splits the share of the session that ran it)."""
     with log.open("w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=own_session)  # fmt: skip
         try:
             deadline = time.monotonic() + timeout
             while time.monotonic() < deadline:
@@ -93,13 +98,15 @@ def process(
 
 
 @contextlib.contextmanager
-def vllm_router(binary: str, sim: str, log: Path) -> Iterator[tuple[str, int]]:
+def vllm_router(
+    binary: str, sim: str, log: Path, own_session: bool = False
+) -> Iterator[tuple[str, int]]:
     """vllm-router in front of the simulator at sim (round robin): its URL and pid."""
     port = free_port()
     with process(
         [binary, "--worker-urls", sim, "--policy", "round_robin", "--host", "127.0.0.1",
          "--port", str(port), "--prometheus-port", str(free_port())],
-        f"http://127.0.0.1:{port}/health", log,
+        f"http://127.0.0.1:{port}/health", log, own_session=own_session,
     ) as proc:  # fmt: skip
         yield f"http://127.0.0.1:{port}", proc.pid
 

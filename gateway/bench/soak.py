@@ -16,7 +16,10 @@ RSS and the gateway's ``gateway_python_allocated_blocks``, and stops once each t
 has served ``--calls`` (or after ``--max-minutes``). It then prints the samples and,
 per target, RSS right after start, after the warm-up (``--warmup`` calls) and at the
 end, with the growth after the warm-up. The access log is off (a million lines to a
-file measure the disk); everything listens on 127.0.0.1.
+file measure the disk); everything listens on 127.0.0.1. Each process (servers,
+simulators, each ``wrk``) runs in a session of its own: Linux's autogroup scheduler gives
+each session one CPU share, and on a shared machine the gateway's calls would otherwise
+wait for the router's, the simulators' and the load generators' turns within one share.
 
 With ``--trace DIR`` the gateway runs under tracemalloc (:mod:`gateway.bench.traced`),
 which costs it much of its speed: a run to find where memory goes, not one to measure RSS.
@@ -118,6 +121,7 @@ def wrk_round(t: Target, lua: Path, connections: int, seconds: int) -> None:
         ["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "-s", str(lua), t.url, "--",
          ",".join(t.keys)],
         capture_output=True, text=True, check=True, timeout=seconds + 60,
+        start_new_session=True,
     ).stdout  # fmt: skip
     done = re.search(r"(\d+) requests in", out)
     bad = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
@@ -200,7 +204,7 @@ def simulator(log: Path) -> Iterator[str]:
     """An instant simulator of its own: its URL."""
     url = f"http://127.0.0.1:{free_port()}"
     with process([sys.executable, "-m", "gateway", "sim", "--instant", "--port",
-                  url.rsplit(":", 1)[1]], url + "/health", log):  # fmt: skip
+                  url.rsplit(":", 1)[1]], url + "/health", log, own_session=True):  # fmt: skip
         yield url
 
 
@@ -258,13 +262,15 @@ def run(args: argparse.Namespace) -> None:
         tracer = [py, "-m", "gateway.bench.traced", str(args.trace)] if args.trace else []
         gw = stack.enter_context(process(
             [*(tracer or [py, "-m", "gateway"]), "serve", "--config", str(cfg),
-             "--port", str(gw_port)],
-            f"http://127.0.0.1:{gw_port}/health", tmp / "gateway.log"))  # fmt: skip
+             "--port", str(gw_port)], f"http://127.0.0.1:{gw_port}/health",
+            tmp / "gateway.log", own_session=True))  # fmt: skip
         targets = [Target("gateway", f"http://127.0.0.1:{gw_port}/v1/chat/completions",
                           gw.pid, keys)]  # fmt: skip
         if args.vllm_router:
             sim = stack.enter_context(simulator(tmp / "router-sim.log"))
-            url, pid = stack.enter_context(vllm_router(args.vllm_router, sim, tmp / "router.log"))
+            url, pid = stack.enter_context(
+                vllm_router(args.vllm_router, sim, tmp / "router.log", own_session=True)
+            )
             targets.append(Target("vllm-router", url + "/v1/chat/completions", pid, []))
         started = time.monotonic()
         for t in targets:  # one call each proves the path; RSS "at start" is after it

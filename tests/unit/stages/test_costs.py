@@ -87,6 +87,18 @@ def test_streams_know_what_each_backend_will_want_cached() -> None:
     assert (streams.footprint("b0"), streams.footprint("b1")) == (1000, 0)
 
 
+def test_streams_remember_at_most_their_bound_however_many_conversations_start() -> None:
+    now = [0.0]
+    streams = Streams(lambda: now[0], remembered=100)
+    for conversation in range(1_000):  # no gap learned yet: nothing expires by age
+        streams.count(conversation)
+        streams.place(conversation, f"b{conversation % 2}", 10)
+        assert len(streams._homes) <= 100
+    assert streams.count(999) is not None and streams.count(0) is None
+    # what the forgotten streams wanted cached left the footprints with them
+    assert streams.footprint("b0") + streams.footprint("b1") == pytest.approx(100 * 10)
+
+
 def test_an_lru_cache_loses_more_the_more_the_live_streams_want() -> None:
     assert evicted(free_tokens=10_000, wanted=0) == 0.0
     assert evicted(free_tokens=10_000, wanted=1_000) == pytest.approx(math.exp(-10))
