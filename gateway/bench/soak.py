@@ -21,10 +21,12 @@ simulators, each ``wrk``) runs in a session of its own: Linux's autogroup schedu
 each session one CPU share, and on a shared machine the gateway's calls would otherwise
 wait for the router's, the simulators' and the load generators' turns within one share.
 
-With ``--trace DIR`` the gateway runs under tracemalloc (:mod:`gateway.bench.traced`),
-which costs it much of its speed: a run to find where memory goes, not one to measure RSS.
-A heap report is taken after the warm-up and each ``--trace-every`` calls after it, and
-the last is compared with the first.
+With ``--heap DIR`` the gateway runs with :mod:`gateway.bench.traced` beside it: a heap
+report (objects left after calls by type, cache sizes, gc statistics) after the warm-up,
+each ``--heap-every`` calls after it and at the end, the last compared with the first.
+``--tracemalloc`` adds allocation sites, compared from the second report (the first
+starts tracing); tracing costs the gateway most of its speed, so such a run finds where
+memory goes and measures nothing.
 """
 
 from __future__ import annotations
@@ -215,13 +217,15 @@ def sample(targets: list[Target], started: float) -> None:
 
 
 class HeapReports:
-    """Asks a traced gateway for heap reports (SIGUSR1): after the warm-up, every ``every``
-    calls after it and at the end; then prints what grew from the second (the first with
-    traced allocations in it) to the last."""
+    """Asks the gateway for heap reports (SIGUSR1): after the warm-up, every ``every``
+    calls after it and at the end; then prints what grew from the first (the second when
+    tracing: the first starts it) to the last."""
 
-    def __init__(self, pid: int, directory: Path | None, warmup: int, every: int) -> None:
+    def __init__(
+        self, pid: int, directory: Path | None, warmup: int, every: int, tracing: bool
+    ) -> None:
         self._pid, self._dir, self._every = pid, directory, every
-        self._next, self._taken = warmup, 0
+        self._next, self._taken, self._first = warmup, 0, 1 + tracing
 
     def maybe(self, calls: int) -> None:
         if self._dir is not None and calls >= self._next:
@@ -232,7 +236,8 @@ class HeapReports:
         if self._dir is None or not self._taken:
             return
         self._take()
-        traced.compare(self._dir / "002", self._dir / f"{self._taken:03d}")
+        first = min(self._first, self._taken - 1)
+        traced.compare(self._dir / f"{first:03d}", self._dir / f"{self._taken:03d}")
 
     def _take(self) -> None:
         assert self._dir is not None
@@ -259,7 +264,8 @@ def run(args: argparse.Namespace) -> None:
         keys = asyncio.run(make_keys(db, args.keys))
         cfg = gateway_config(tmp, stack.enter_context(simulator(tmp / "sim.log")), db,
                              args.redis_url, prefix)  # fmt: skip
-        tracer = [py, "-m", "gateway.bench.traced", str(args.trace)] if args.trace else []
+        tracer = [py, "-m", "gateway.bench.traced", str(args.heap)] if args.heap else []
+        tracer += ["--tracemalloc"] if tracer and args.tracemalloc else []
         gw = stack.enter_context(process(
             [*(tracer or [py, "-m", "gateway"]), "serve", "--config", str(cfg),
              "--port", str(gw_port)], f"http://127.0.0.1:{gw_port}/health",
@@ -279,7 +285,7 @@ def run(args: argparse.Namespace) -> None:
                 headers={"authorization": f"Bearer {keys[0]}"})  # fmt: skip
             r.raise_for_status()
         sample(targets, started)
-        heap = HeapReports(gw.pid, args.trace, args.warmup, args.trace_every)
+        heap = HeapReports(gw.pid, args.heap, args.warmup, args.heap_every, args.tracemalloc)
         deadline = started + args.max_minutes * 60
         while time.monotonic() < deadline and any(t.calls < args.calls for t in targets):
             threads = [threading.Thread(target=wrk_round, args=(t, lua, args.connections,
@@ -323,10 +329,11 @@ def main() -> None:
     parser.add_argument("--round", type=int, default=15, help="seconds between samples")
     parser.add_argument("--connections", type=int, default=32, help="wrk connections each")
     parser.add_argument("--keys", type=int, default=8)
-    parser.add_argument("--trace", type=Path, help="run the gateway under tracemalloc; "
-                        "heap reports go to this directory")  # fmt: skip
-    parser.add_argument("--trace-every", type=int, default=100_000,
+    parser.add_argument("--heap", type=Path, help="take heap reports into this directory")
+    parser.add_argument("--heap-every", type=int, default=100_000,
                         help="calls between heap reports after the warm-up")  # fmt: skip
+    parser.add_argument("--tracemalloc", action="store_true",
+                        help="with --heap: trace allocations too (slow)")  # fmt: skip
     parser.add_argument("--vllm-router", help="path of the `vllm-router` command")
     parser.add_argument("--database-url", default="postgresql://postgres@127.0.0.1:5432/test",
                         help="a Postgres server (its database is left alone)")  # fmt: skip

@@ -1,23 +1,29 @@
-"""The gateway under tracemalloc, for the soak benchmark: a heap report on each SIGUSR1.
+"""Heap reports from a running gateway, for the soak benchmark: one on each SIGUSR1.
 
-    python -m gateway.bench.traced DIR serve --config gateway.yaml
+    python -m gateway.bench.traced DIR [--tracemalloc] serve --config gateway.yaml
 
-The gateway's own command line runs; the first SIGUSR1 starts tracing (from the start,
-loading a tokenizer alone would take half a minute), so the first snapshot holds almost
-nothing and a comparison starts at the second. Each SIGUSR1 collects garbage and writes
-``DIR/NNN.snapshot`` (tracemalloc) and
-``DIR/NNN.json``: allocated blocks before and after the collection, the collector's
-counts and per-generation statistics, the most numerous live object types, and the size
-of every container reachable from the running ``Services`` (each cache) and of every
-``functools`` cache in the package. :func:`compare` reads two reports back and prints what
-grew between them. Only the soak benchmark starts the gateway this way: tracing every
-allocation costs a large share of its speed, so it is no setting of the gateway.
+The gateway's own command line runs, with a signal handler beside it. Each SIGUSR1
+collects garbage and writes ``DIR/NNN.json``: allocated blocks before and after the
+collection, the collector's counts and per-generation statistics, the census of objects
+the collector tracks that were made after start (the gateway freezes its startup heap,
+so these are exactly what calls left behind: cached, in flight, or leaked) by type, the
+largest containers among them with what holds each, the size of every container
+reachable from the running ``Services`` (each cache) and of every ``functools`` cache
+in the package. A report costs one full collection and a walk of those objects.
+
+``--tracemalloc`` also traces allocations from the first report on and writes
+``DIR/NNN.snapshot``; tracing from the start would cost half a minute of tokenizer
+loading, and tracing costs the gateway most of its speed (each small allocation records
+its frames), so that is a run to find where memory goes, never one to measure RSS.
+:func:`compare` reads two reports back and prints what grew between them. Only the soak
+benchmark starts the gateway this way; it is no setting of the gateway.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import functools
 import gc
 import json
@@ -27,7 +33,7 @@ import signal
 import sys
 import traceback
 import tracemalloc
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -41,29 +47,52 @@ CONTAINERS = (dict, list, set, frozenset, collections.deque)
 def main(argv: list[str]) -> int:
     directory = Path(argv[0])
     directory.mkdir(parents=True, exist_ok=True)
+    trace = argv[1:2] == ["--tracemalloc"]
     taken = [0]
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         """Runs between two bytecodes of whatever the loop was doing (a send, say): the
         report waits for the loop's next turn, so nothing it raises lands in a call."""
-        if not tracemalloc.is_tracing():
+        if trace and not tracemalloc.is_tracing():
             tracemalloc.start(FRAMES)
         taken[0] += 1
         asyncio.get_running_loop().call_soon(report, directory / f"{taken[0]:03d}")
 
     signal.signal(signal.SIGUSR1, on_signal)
+    keep_services()
     from gateway.cli import main as gateway_main
 
-    return gateway_main(argv[1:])
+    return gateway_main(argv[1 + trace :])
+
+
+SERVICES: list[Any] = []
+"""The gateway's Services once open. Looked up here, not among the collector's objects:
+the gateway freezes its startup heap, and frozen objects are not listed."""
+
+
+def keep_services() -> None:
+    """Wrap ``Services.open`` so the Services it opens are kept in SERVICES."""
+    from gateway.services import Services
+
+    opener = Services.open
+
+    @contextlib.asynccontextmanager
+    async def open_and_keep(settings: Any) -> AsyncIterator[Services]:
+        async with opener(settings) as services:
+            SERVICES.append(services)
+            yield services
+
+    Services.open = open_and_keep  # type: ignore[method-assign]
 
 
 def report(stem: Path) -> None:
-    """Write the snapshot and the JSON figures beside it (see the module docstring); if
-    that fails, the error as the JSON, so that whoever waits for it learns why."""
+    """Write the JSON figures and, when tracing, the snapshot beside them (see the module
+    docstring); if that fails, the error as the JSON, so whoever waits for it learns why."""
     try:
         figures = heap_figures()
-        snapshot = tracemalloc.take_snapshot().filter_traces(NOT_TRACEMALLOC)
-        snapshot.dump(str(stem.with_suffix(".snapshot")))
+        if tracemalloc.is_tracing():
+            snapshot = tracemalloc.take_snapshot().filter_traces(NOT_TRACEMALLOC)
+            snapshot.dump(str(stem.with_suffix(".snapshot")))
     except Exception:  # noqa: BLE001 - a benchmark's probe: report, never break the server
         figures = {"error": traceback.format_exc()}
     partial = stem.with_suffix(".partial")
@@ -89,20 +118,41 @@ def heap_figures() -> dict[str, Any]:
         "gc_stats": gc.get_stats(),
         "gc_objects": len(objects),
         "types": types.most_common(40),
-        "containers": dict(sorted(cache_sizes(objects).items())),
+        "largest": largest(objects),
+        "containers": dict(sorted(cache_sizes().items())),
         "traced_mb": tracemalloc.get_traced_memory()[0] / 2**20,
     }
     del objects
     return figures
 
 
-def cache_sizes(objects: list[Any]) -> dict[str, int]:
+def largest(objects: list[Any], count: int = 12) -> list[str]:
+    """The longest containers among objects, each with what refers to it."""
+    sized = [o for o in objects if isinstance(o, CONTAINERS)]
+    sized.sort(key=len, reverse=True)
+    ours = {id(objects), id(sized)}
+    return [f"{type(o).__qualname__} of {len(o):,} in {holders(o, ours)}" for o in sized[:count]]
+
+
+def holders(obj: Any, ours: set[int]) -> str:
+    """What refers to obj (but the census lists ``ours`` and frames): the referrer's type,
+    and the key when it is a dict's value."""
+    names = []
+    refs = [r for r in gc.get_referrers(obj) if id(r) not in ours and not isinstance(r, FrameType)]
+    for ref in refs[:4]:
+        if isinstance(ref, dict):
+            key = next((k for k, v in ref.items() if v is obj), None)
+            names.append(f"dict[{key!r}]" if key is not None else "dict")
+        else:
+            names.append(type(ref).__qualname__)
+    return ", ".join(names) or "nothing tracked"
+
+
+def cache_sizes() -> dict[str, int]:
     """Length of each container (and each object with a length) under the Services, by
     attribute path; and each ``functools`` cache of a gateway module, by function."""
-    from gateway.services import Services
-
     out: dict[str, int] = {}
-    for svc in (o for o in objects if isinstance(o, Services)):
+    for svc in SERVICES:
         out.update(walk(svc, "services", set(), depth=6))
     for name, module in list(sys.modules.items()):
         if not name.startswith("gateway."):
@@ -156,6 +206,11 @@ def compare(first: Path, last: Path, out: Any = sys.stdout) -> None:
     for path, size in b["containers"].items():
         if a["containers"].get(path) != size:
             print(f"  {path}: {a['containers'].get(path)} -> {size}", file=out)
+    print("largest containers made after start, at the end:", file=out)
+    for line in b["largest"]:
+        print(f"  {line}", file=out)
+    if not last.with_suffix(".snapshot").exists():
+        return
     snaps = [tracemalloc.Snapshot.load(str(p.with_suffix(".snapshot"))) for p in (first, last)]
     diff = snaps[1].compare_to(snaps[0], "traceback")
     for title, key in (("blocks", "count_diff"), ("bytes", "size_diff")):
