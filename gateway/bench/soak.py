@@ -59,7 +59,9 @@ from gateway.bench.overhead import free_port, process, vllm_router
 MODEL = "sim-model"
 PEPPER = "soak-pepper"
 
-LUA = """-- mixed app-shaped chat calls; args: comma-separated API keys (may be empty)
+LUA = """-- mixed app-shaped chat calls; args: comma-separated API keys (may be empty), and
+-- the number of the first call (each wrk run goes on from the calls before it, so every
+-- question is new: a run that began at 0 would ask the same questions each round)
 local keys, systems, n = {}, {}, 0
 local function words(count, seed)
   local t = {}
@@ -68,6 +70,7 @@ local function words(count, seed)
 end
 function init(args)
   for k in string.gmatch(args[1] or "", "[^,]+") do keys[#keys + 1] = k end
+  n = tonumber(args[2] or "0")
   systems = { words(20, 3), words(300, 7), words(1500, 11) }
 end
 function request()
@@ -121,7 +124,7 @@ def heap_blocks(base: str) -> int | None:
 def wrk_round(t: Target, lua: Path, connections: int, seconds: int) -> None:
     out = subprocess.run(
         ["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "-s", str(lua), t.url, "--",
-         ",".join(t.keys)],
+         ",".join(t.keys), str(t.calls + t.errors)],
         capture_output=True, text=True, check=True, timeout=seconds + 60,
         start_new_session=True,
     ).stdout  # fmt: skip
@@ -296,8 +299,9 @@ def run(args: argparse.Namespace) -> None:
                 th.join()
             sample(targets, started)
             heap.maybe(targets[0].calls)
-            print(" | ".join(f"{t.name} {t.calls:,} calls {t.samples[-1][2]:.1f} MB"
-                             for t in targets), file=sys.stderr, flush=True)  # fmt: skip
+            print(" | ".join(f"{t.name} {t.calls:,} calls ({t.errors} non-2xx) "
+                             f"{t.samples[-1][2]:.1f} MB" for t in targets),
+                  file=sys.stderr, flush=True)  # fmt: skip
         heap.finish()
     report(targets, args.warmup)
 
