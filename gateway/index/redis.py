@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from array import array
 from collections.abc import Sequence
 
 from redis.asyncio import Redis, RedisCluster
@@ -39,8 +40,11 @@ REDIS_ERRORS = (RedisError, OSError, TimeoutError)
 BATCH = 256
 """Queued updates sent in one pipeline."""
 
-Update = tuple[str, str, str, list[str]]
-"""("record" | "forget", model, backend, hex block hashes)."""
+Update = tuple[str, str, str, "array[int]"]
+"""("record" | "forget", model, backend, block hashes). The hashes wait as 8-byte machine
+words and become hex strings only when sent: a queue of ``queue_size`` updates of up to
+``max_blocks`` hashes each would otherwise hold about 70 bytes a hash (a str object each),
+so a flusher falling behind on long prompts could hold a gigabyte."""
 
 NOW = """
 local t = redis.call('TIME')
@@ -177,7 +181,7 @@ class RedisIndex:
 
     def record(self, model: str, backend: str, hashes: Sequence[int]) -> None:
         if hashes:
-            self._put(("record", model, backend, [hexa(h) for h in hashes]))
+            self._put(("record", model, backend, array("Q", hashes)))
 
     def bound(self, backend: str, tokens: int) -> None:
         self._capacity.bound(backend, tokens)
@@ -185,7 +189,7 @@ class RedisIndex:
     def forget(self, model: str, backend: str, hashes: Sequence[int], keep_blocks: int) -> None:
         drop = hashes[max(keep_blocks, 0) :]
         if drop:
-            self._put(("forget", model, backend, [hexa(h) for h in drop]))
+            self._put(("forget", model, backend, array("Q", drop)))
 
     async def flush(self) -> None:
         await self._queue.join()
@@ -250,11 +254,12 @@ class RedisIndex:
         kind, model, backend, hashes = op
         base = self._base(model)
         held = f"{base}held:{backend}"
+        members = map(hexa, hashes)
         if kind == "record":
-            args: list[str | int] = [backend, self._ttl, self._capacity[backend], *hashes]
+            args: list[str | int] = [backend, self._ttl, self._capacity[backend], *members]
             await self._record(keys=[held, base + "backends"], args=args, client=client)
         else:
-            await client.zrem(held, *hashes)
+            await client.zrem(held, *members)
 
 
 def hexa(h: int) -> str:

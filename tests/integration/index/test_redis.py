@@ -26,6 +26,28 @@ async def test_a_full_queue_sheds_its_oldest_updates(redis_prefix: str) -> None:
         await index.aclose()
 
 
+async def test_the_queue_holds_at_most_queue_size_times_max_blocks_machine_words(
+    redis_prefix: str,
+) -> None:
+    settings = RedisSettings(key_prefix=redis_prefix, queue_size=3)
+    index = RedisIndex(
+        aioredis.Redis.from_url(REDIS_URL), settings, RoutingSettings(), PrefixSettings()
+    )
+    top = 2**64 - 1  # block hashes are unsigned 64-bit: the largest must survive the queue
+    for i in range(10):
+        index.record("m", f"b{i}", [top - j for j in range(2048)])
+    queued = list(index._queue._queue)  # type: ignore[attr-defined]
+    assert len(queued) == 3
+    assert index.dropped == 7
+    assert sum(len(hashes) * hashes.itemsize for *_, hashes in queued) == 3 * 2048 * 8
+    await index.start()
+    try:
+        await index.flush()
+        assert await index.lookup("m", [top - j for j in range(4)]) == {"b7": 4, "b8": 4, "b9": 4}
+    finally:
+        await index.aclose()
+
+
 async def test_keys_share_the_models_hash_tag_and_expire(redis_prefix: str) -> None:
     routing = RoutingSettings(handle_ttl=30)
     index = RedisIndex(
