@@ -38,6 +38,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from pydantic import BaseModel
+
 FRAMES = 12
 """Frames kept per allocation: enough to reach the gateway's own code from a library's."""
 TOP = 25
@@ -130,13 +132,14 @@ def largest(objects: list[Any], count: int = 12) -> list[str]:
     """The longest containers among objects, each with what refers to it."""
     sized = [o for o in objects if isinstance(o, CONTAINERS)]
     sized.sort(key=len, reverse=True)
-    ours = {id(objects), id(sized)}
-    return [f"{type(o).__qualname__} of {len(o):,} in {holders(o, ours)}" for o in sized[:count]]
+    top = sized[:count]
+    ours = {id(objects), id(sized), id(top)}
+    return [f"{type(o).__qualname__} of {len(o):,} in {holders(o, ours)}" for o in top]
 
 
 def holders(obj: Any, ours: set[int]) -> str:
     """What refers to obj (but the census lists ``ours`` and frames): the referrer's type,
-    and the key when it is a dict's value."""
+    with the key or attribute under which it holds obj."""
     names = []
     refs = [r for r in gc.get_referrers(obj) if id(r) not in ours and not isinstance(r, FrameType)]
     for ref in refs[:4]:
@@ -144,7 +147,8 @@ def holders(obj: Any, ours: set[int]) -> str:
             key = next((k for k, v in ref.items() if v is obj), None)
             names.append(f"dict[{key!r}]" if key is not None else "dict")
         else:
-            names.append(type(ref).__qualname__)
+            attr = next((n for n, v in attributes(ref) if v is obj), None)
+            names.append(type(ref).__qualname__ + (f".{attr}" if attr else ""))
     return ", ".join(names) or "nothing tracked"
 
 
@@ -165,18 +169,19 @@ def cache_sizes() -> dict[str, int]:
 
 def walk(obj: Any, path: str, seen: set[int], depth: int) -> Iterator[tuple[str, int]]:
     """(path, length) of every sized attribute reachable from obj through the gateway's
-    own objects, and through small mappings of them (backends by name, say)."""
-    if id(obj) in seen or depth < 0:
+    own objects (settings aside: they do not change), and through small mappings of them
+    by name (backends, say); text and bytes are values, not containers."""
+    if id(obj) in seen or depth < 0 or isinstance(obj, str | bytes | BaseModel):
         return
     seen.add(id(obj))
-    if isinstance(obj, CONTAINERS) or hasattr(type(obj), "__len__"):
+    ours = type(obj).__module__.startswith("gateway")
+    if isinstance(obj, CONTAINERS) or (ours and hasattr(type(obj), "__len__")):
         yield path, len(obj)
         if isinstance(obj, dict) and len(obj) <= 16:
             for key, value in obj.items():
-                yield from walk(value, f"{path}[{key!r}]", seen, depth - 1)
-        if not type(obj).__module__.startswith("gateway"):
-            return
-    if not type(obj).__module__.startswith("gateway"):
+                if isinstance(key, str):
+                    yield from walk(value, f"{path}[{key!r}]", seen, depth - 1)
+    if not ours:
         return
     for name, value in attributes(obj):
         yield from walk(value, f"{path}.{name}", seen, depth - 1)
