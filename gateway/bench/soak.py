@@ -20,6 +20,9 @@ file measure the disk); everything listens on 127.0.0.1. Each process (servers,
 simulators, each ``wrk``) runs in a session of its own: Linux's autogroup scheduler gives
 each session one CPU share, and on a shared machine the gateway's calls would otherwise
 wait for the router's, the simulators' and the load generators' turns within one share.
+On a machine busy with other work one share may still be too small for a million calls
+within the hour; weighting the gateway's session (``echo -8 > /proc/PID/autogroup``, as
+root) is left to whoever runs it, and belongs beside the figures.
 
 With ``--heap DIR`` the gateway runs with :mod:`gateway.bench.traced` beside it: a heap
 report (objects left after calls by type, cache sizes, gc statistics) after the warm-up,
