@@ -33,7 +33,7 @@ import signal
 import sys
 import traceback
 import tracemalloc
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -143,13 +143,20 @@ def holders(obj: Any, ours: set[int]) -> str:
     names = []
     refs = [r for r in gc.get_referrers(obj) if id(r) not in ours and not isinstance(r, FrameType)]
     for ref in refs[:4]:
+        pairs = ref.items() if isinstance(ref, dict) else attributes(ref)
+        name = key_of(obj, pairs)  # a loop, not a closure: a closure's cell would hold obj
         if isinstance(ref, dict):
-            key = next((k for k, v in ref.items() if v is obj), None)
-            names.append(f"dict[{key!r}]" if key is not None else "dict")
+            names.append(f"dict[{name!r}]" if name is not None else "dict")
         else:
-            attr = next((n for n, v in attributes(ref) if v is obj), None)
-            names.append(type(ref).__qualname__ + (f".{attr}" if attr else ""))
+            names.append(type(ref).__qualname__ + (f".{name}" if name is not None else ""))
     return ", ".join(names) or "nothing tracked"
+
+
+def key_of(obj: Any, pairs: Iterable[tuple[Any, Any]]) -> Any:
+    for key, value in pairs:
+        if value is obj:
+            return key
+    return None
 
 
 def cache_sizes() -> dict[str, int]:

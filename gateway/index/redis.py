@@ -216,21 +216,26 @@ class RedisIndex:
 
     async def _flush_forever(self) -> None:
         while True:
-            ops = [await self._queue.get()]
-            while len(ops) < BATCH and not self._queue.empty():
-                ops.append(self._queue.get_nowait())
-            try:
-                await self._send(ops)
-                self.healthy = True
-            # Whatever goes wrong, the flusher lives on: a dead flusher would silently
-            # stop every later update.
-            except Exception as exc:  # noqa: BLE001
-                self.healthy = False
-                self.dropped += len(ops)
-                log.warning("prefix index: %d updates lost: %r", len(ops), exc)
-            finally:
-                for _ in ops:
-                    self._queue.task_done()
+            await self._flush_batch(await self._queue.get())
+
+    async def _flush_batch(self, first: Update) -> None:
+        """Send ``first`` and what is queued behind it, up to BATCH. A function of its own
+        so the batch goes when it is sent, not when the next update arrives."""
+        ops = [first]
+        while len(ops) < BATCH and not self._queue.empty():
+            ops.append(self._queue.get_nowait())
+        try:
+            await self._send(ops)
+            self.healthy = True
+        # Whatever goes wrong, the flusher lives on: a dead flusher would silently
+        # stop every later update.
+        except Exception as exc:  # noqa: BLE001
+            self.healthy = False
+            self.dropped += len(ops)
+            log.warning("prefix index: %d updates lost: %r", len(ops), exc)
+        finally:
+            for _ in ops:
+                self._queue.task_done()
 
     async def _send(self, ops: list[Update]) -> None:
         """One pipeline to a single server. A cluster client cannot pipeline scripts, so

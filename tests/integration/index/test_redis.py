@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import weakref
+
 import redis.asyncio as aioredis
 
 from gateway.index.redis import RedisIndex
@@ -44,6 +47,26 @@ async def test_the_queue_holds_at_most_queue_size_times_max_blocks_machine_words
     try:
         await index.flush()
         assert await index.lookup("m", [top - j for j in range(4)]) == {"b7": 4, "b8": 4, "b9": 4}
+    finally:
+        await index.aclose()
+
+
+async def test_a_sent_batch_is_not_kept_while_the_flusher_waits(redis_prefix: str) -> None:
+    settings = RedisSettings(key_prefix=redis_prefix)
+    index = RedisIndex(
+        aioredis.Redis.from_url(REDIS_URL), settings, RoutingSettings(), PrefixSettings()
+    )
+    index.record("m", "b0", [1, 2, 3])
+    queued = weakref.ref(index._queue._queue[0][3])  # type: ignore[attr-defined]
+    await index.start()
+    try:
+        await index.flush()
+        for _ in range(20):  # the flusher's last steps after the queue's join() returns
+            if queued() is None:
+                break
+            await asyncio.sleep(0)
+        assert queued() is None
+        assert await index.lookup("m", [1, 2, 3]) == {"b0": 3}
     finally:
         await index.aclose()
 
