@@ -11,20 +11,17 @@ from __future__ import annotations
 
 import math
 from collections import Counter, defaultdict
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import pytest
 from prometheus_client import CollectorRegistry
 from sqlalchemy import ColumnElement, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.flow import Call, Cost, Usage
 from gateway.ledger import Ledger, deadletters
-from gateway.ledger.db import make_engine
-from gateway.ledger.migrate import upgrade
 from gateway.ledger.models import COST_COLUMNS, ROLLUP, ROLLUP_DURATIONS, TOKEN_COLUMNS, LedgerRow
 from gateway.ledger.report import (
     GroupBy,
@@ -153,14 +150,6 @@ async def percentiles(conn: Any, query: Any) -> list[tuple[Any, ...]]:
     """The percentile rows in a fixed order (a count may come back 100 or 100.0)."""
     rows = [tuple(r) for r in (await conn.execute(query)).all()]
     return sorted(rows, key=lambda r: [str(v) for v in r[:-2]])
-
-
-@pytest.fixture
-async def engine(db_url: str) -> AsyncIterator[AsyncEngine]:
-    engine = make_engine(db_url)
-    await upgrade(engine)
-    yield engine
-    await engine.dispose()
 
 
 async def written(db_url: str, tmp_path: Path, rows: list[Row]) -> CollectorRegistry:

@@ -8,28 +8,16 @@ clock readings, a hair off the figure written here.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from decimal import Decimal
 from typing import Any
 
-import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.flow import Call, Cost, Usage
-from gateway.ledger.db import make_engine
-from gateway.ledger.migrate import upgrade
 from gateway.ledger.report import cost_report
 from gateway.ledger.rows import ledger_row
 from gateway.ledger.store import insert_rows
 from tests.integration.ledger.factory import make_call
-
-
-@pytest.fixture
-async def engine(db_url: str) -> AsyncIterator[AsyncEngine]:
-    engine = make_engine(db_url)
-    await upgrade(engine)
-    yield engine
-    await engine.dispose()
 
 
 def timed(call: Call, ttft: float, e2e: float) -> Call:
