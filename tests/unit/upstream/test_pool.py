@@ -203,15 +203,19 @@ async def test_slow_headers_time_out() -> None:
         await p.aclose()
 
 
-async def test_a_stream_silent_past_its_idle_bound_times_out_and_is_closed() -> None:
-    async def stalls(writer: asyncio.StreamWriter, reader: asyncio.StreamReader, s: Server) -> bool:
-        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nfirst\r\n")
-        await writer.drain()
-        await reader.read()
-        s.left.set()
-        return False
+async def first_chunk_then_silence(
+    writer: asyncio.StreamWriter, reader: asyncio.StreamReader, s: Server
+) -> bool:
+    """A backend that sends one chunk of a stream, then nothing until the gateway leaves."""
+    writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nfirst\r\n")
+    await writer.drain()
+    await reader.read()
+    s.left.set()
+    return False
 
-    async with server(stalls) as s:
+
+async def test_a_stream_silent_past_its_idle_bound_times_out_and_is_closed() -> None:
+    async with server(first_chunk_then_silence) as s:
         p = pool(s.url)
         resp = await p.request("/", b"{}", HEADERS, 5)
         assert await resp.chunk() == b"first"
@@ -224,14 +228,7 @@ async def test_a_stream_silent_past_its_idle_bound_times_out_and_is_closed() -> 
 
 
 async def test_closing_an_answer_closes_its_connection_for_the_backend() -> None:
-    async def holds(writer: asyncio.StreamWriter, reader: asyncio.StreamReader, s: Server) -> bool:
-        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nfirst\r\n")
-        await writer.drain()
-        await reader.read()
-        s.left.set()
-        return False
-
-    async with server(holds) as s:
+    async with server(first_chunk_then_silence) as s:
         p = pool(s.url)
         resp = await p.request("/", b"{}", HEADERS, 5)
         resp.close()
