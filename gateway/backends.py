@@ -80,6 +80,8 @@ class Backend:
     circuit: Circuit = "closed"
     failures: int = 0
     """Failed calls in a row (the circuit breaker's count)."""
+    answered_at: float = 0.0
+    """Monotonic time the backend last began an answer to a call: alive then."""
     ejected_until: float = 0.0
     """Monotonic time before which an ejected backend stays out whatever its probes say."""
     waits: set[Cut] = field(default_factory=set)
@@ -218,20 +220,26 @@ class BackendPool:
         await asyncio.gather(*(self._check(b) for b in self.backends.values()))
 
     async def _check(self, backend: Backend) -> None:
-        """Probe /health; a failed probe ejects the backend, but a late or unhealthy answer
-        ejects a model's last healthy backend only if it refused the connection: on a
-        saturated host /health answers late while calls still succeed, and ejecting the
-        only backend would turn every call into a 503 until the next probe."""
+        """Probe /health; a failed probe ejects the backend, with two exceptions for a
+        saturated host, where /health answers late while calls still succeed. A probe left
+        unanswered while the backend began answering a call is the host's lateness, not
+        the backend's: ejecting it would pile its calls onto the others, as busy. And a
+        late or unhealthy answer ejects a model's last healthy backend only if it refused
+        the connection: ejecting the only backend would turn every call into a 503 until
+        the next probe."""
         assert self._session is not None
-        refused = False
+        started = time.monotonic()
+        refused = unanswered = False
         try:
             async with self._session.get(backend.url + "/health") as resp:
                 ok = resp.status == 200
         except aiohttp.ClientConnectorError:
             ok, refused = False, True
         except (aiohttp.ClientError, TimeoutError):
-            ok = False
+            ok, unanswered = False, True
         if not ok:
+            if unanswered and backend.answered_at >= started:
+                return
             if refused or self._elsewhere(backend):
                 self.eject(backend, "probe")
         elif backend.circuit == "open" and time.monotonic() >= backend.ejected_until:
@@ -241,6 +249,7 @@ class BackendPool:
 
     def succeeded(self, backend: Backend) -> None:
         """A call got its answer from the backend: its failure count starts over."""
+        backend.answered_at = time.monotonic()
         if backend.failures:
             backend.failures = 0
             if backend.circuit == "half_open":

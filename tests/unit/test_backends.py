@@ -130,6 +130,33 @@ async def test_a_late_probe_never_ejects_a_models_last_backend_but_a_refusal_doe
             await pool.aclose()
 
 
+async def test_a_probe_left_unanswered_while_calls_are_answered_does_not_eject() -> None:
+    """A saturated host answers /health late while the backend still answers calls: that
+    backend stays in. Once it answers nothing, the next late probe ejects it."""
+    async with loopback.backends("hang", "ok") as (hung, ok):
+        pool, metrics = pool_of([hung.url, ok.url])
+        await pool.start()
+        try:
+            b0 = pool.backends["b0"]  # ejected by its first probe: let it back
+            b0.url = ok.url
+            await pool.check_health()
+            pool.succeeded(b0)
+            assert b0.circuit == "closed"
+            b0.url = hung.url
+
+            async def answered_meanwhile() -> None:
+                await asyncio.sleep(0.1)
+                pool.succeeded(b0)
+
+            await asyncio.gather(pool.check_health(), answered_meanwhile())
+            assert (b0.circuit, b0.healthy) == ("closed", True)
+            await pool.check_health()  # no call answered during this one
+            assert (b0.circuit, b0.healthy) == ("open", False)
+            assert metrics.ejections.labels("b0", "probe")._value.get() == 2
+        finally:
+            await pool.aclose()
+
+
 def test_kv_capacity_is_blocks_times_block_size_summed_over_engines() -> None:
     text = (
         b"# TYPE vllm:cache_config_info gauge\n"
