@@ -9,7 +9,10 @@ not routing), then for each shape of the zoo (agents: one system prompt under ev
 conversation; multi-turn: conversations with a short shared system prompt) and each
 router (the gateway's cache_aware, vllm-router's consistent hash of the conversation id
 sent as x-session-id, the gateway's round robin) replays the same seeded calls through
-the router, each router with its own prompt salt so none warms another's cache.
+the router. Every router sends the very same prompts (greedy answers, so the same
+histories): before each, both servers' prefix caches are emptied (vLLM's development
+endpoint `/reset_prefix_cache`, enabled here only), so no router finds another's prefixes
+and the tokens each prefills differ by its placements alone, not by its prompts.
 
 Placement is judged by what the servers count, not the client: the growth of
 `vllm:prefix_cache_hits_total` over `vllm:prefix_cache_queries_total` (hit ratio),
@@ -31,7 +34,6 @@ import random
 import socket
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -106,7 +108,8 @@ def counters(url: str) -> dict[str, float]:
 
 @contextlib.contextmanager
 def vllm_servers(run_dir: Path, port: int | None) -> Iterator[list[str]]:
-    env = {**os.environ, "VLLM_CPU_RUN": str(run_dir), "VLLM_CPU_PIN": "1"}
+    env = {**os.environ, "VLLM_CPU_RUN": str(run_dir), "VLLM_CPU_PIN": "1",
+           "VLLM_SERVER_DEV_MODE": "1"}  # fmt: skip
     subprocess.run([HERE / "setup.sh"], check=True, env=env)
     base = port or free_port_pair()
     try:
@@ -114,6 +117,20 @@ def vllm_servers(run_dir: Path, port: int | None) -> Iterator[list[str]]:
         yield [f"http://127.0.0.1:{base}", f"http://127.0.0.1:{base + 1}"]
     finally:
         subprocess.run([HERE / "serve.sh", "stop"], check=False, env=env)
+
+
+async def forget(servers: list[str]) -> None:
+    """Empty every server's prefix cache; vLLM refuses while a sequence still holds blocks
+    (an aborted call may take a moment to leave), so retry for a while."""
+    async with httpx.AsyncClient(timeout=10) as client:
+        for url in servers:
+            for _ in range(100):
+                reply = await client.post(url + "/reset_prefix_cache")
+                if reply.status_code == 200 and reply.json().get("success"):
+                    break
+                await asyncio.sleep(0.1)
+            else:
+                raise RuntimeError(f"{url} would not empty its prefix cache")
 
 
 async def measure(
@@ -124,7 +141,8 @@ async def measure(
     settings = {"upstream": {"health_timeout": 10}}
     opts = Options(model=MODEL, concurrency=args.concurrency, requests=args.requests,
                    seed=args.seed, session_header=setup.session_header, timeout=600,
-                   salt=f"{shape}-{config}-{time.time_ns()} ")  # fmt: skip
+                   salt=f"{shape}-{args.seed} ")  # fmt: skip
+    await forget(servers)
     async with front_of(setup, servers, logs, args.routers, settings, MODEL) as front:
         before = [counters(u) for u in servers]
         report = await run(SHAPES[shape], Target(f"{front.url}/v1", config), opts)
