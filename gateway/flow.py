@@ -86,6 +86,9 @@ class PrefixKey:
     anchor: int = 0
     """Hash of the conversation's opening (through the first non-system message), stable
     across turns: the consistent-hash key that spreads misses and keeps them sticky."""
+    opening: int | None = None
+    """Tokens of that opening; None: not known (taken as the whole prompt). A backend
+    holding more of the prompt than its opening has seen this conversation before."""
 
 
 @dataclass(slots=True)

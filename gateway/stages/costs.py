@@ -208,13 +208,14 @@ class Streams:
     def later_calls(self) -> float:
         return 1.0 / max(self._starts, 1.0 / MEMORY) - 1.0
 
-    def count(self, anchor: int) -> Home | None:
-        """Count a call; its stream's home, or None if it starts a stream."""
+    def count(self, anchor: int, continues: bool = False) -> Home | None:
+        """Count a call; its stream's home, or None if it starts a stream or ``continues``
+        one whose home was forgotten (the caller knows it from the index)."""
         now = self._clock()
         self._expire(now)
         home = self._homes.get(anchor)
         keep = 1.0 - 1.0 / MEMORY
-        self._starts = keep * self._starts + (1 - keep) * (home is None)
+        self._starts = keep * self._starts + (1 - keep) * (home is None and not continues)
         if home is not None:
             self.gap = blend(self.gap, now - home.seen, self._gaps)
             self._gaps += 1

@@ -76,6 +76,7 @@ class PrefixHasher:
             hashes=block_hashes(buf, self._block, self._max_blocks),
             block_size=self._block,
             anchor=digest(memoryview(buf)[:opening]),
+            opening=opening // 4,
         )
 
     def reply_key(self, request: Request, encoding: str, reply: str) -> PrefixKey | None:

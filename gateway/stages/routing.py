@@ -124,9 +124,14 @@ class CacheAware:
     ) -> Route:
         healthy = timed(healthy_only(candidates))
         streams = self._streams
-        home = streams.count(key.anchor)
-        later = streams.later_calls if home is None else 0.0
         held = sorted((matches.get(c.name, 0) for c in healthy), reverse=True)
+        opening = key.tokens if key.opening is None else key.opening
+        # Its history is held somewhere: it continues a conversation, even one whose
+        # stream outlived the memory of streams (a gap of over three means, 1 in 20).
+        continues = covered(key, held[0]) > opening
+        home = streams.count(key.anchor, continues)
+        starts = home is None and not continues
+        later = streams.later_calls if starts else 0.0
         # What no other stream shares: beyond the prefix a second backend holds too.
         own = key.tokens - covered(key, held[1] if len(held) > 1 else 0)
         # What it will want cached there at its next call: this prompt and the next turn.
@@ -139,7 +144,7 @@ class CacheAware:
                 later,
                 footprint[c.name],
                 streams.footprint(c.name),
-                starts=home is None,
+                starts=starts,
             )
             for c in healthy
         }

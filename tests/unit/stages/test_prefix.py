@@ -86,6 +86,8 @@ def test_next_turn_repeats_this_turns_blocks_as_its_prefix(hasher: PrefixHasher)
     assert later.hashes[: len(now.hashes)] == now.hashes
     assert len(later.hashes) > len(now.hashes)
     assert later.anchor == now.anchor
+    # The opening is this first turn, in both: what a backend holds beyond it is history.
+    assert later.opening == now.opening == now.tokens < later.tokens
 
 
 def test_anchor_tells_conversations_apart_despite_a_shared_system_prompt(

@@ -19,6 +19,7 @@ from gateway.stages.routing import (
     RoundRobin,
     make_policy,
 )
+from tests.clock import Clock
 
 B = 16
 
@@ -405,6 +406,28 @@ def test_a_later_turn_whose_costs_tie_stays_with_its_history() -> None:
     assert 0 < costs[0] - costs[1] < TIE_ERRORS * rates.error < history
     route = policy.choose("m", key(18, anchor=7), {home: 18, other: 2}, busy_home)
     assert (route.backend, route.decision) == (home, "hit")
+
+
+def test_a_turn_whose_stream_was_forgotten_still_continues_where_its_history_is() -> None:
+    """Its conversation was silent for longer than streams remember (three mean gaps), so
+    nothing says where it lives but the index: b0 holds its history beyond its opening.
+    A later turn does not weigh the wait for a sequence slot (a start does), so it stays
+    with its history rather than prefill it again on b1."""
+    clock = Clock()
+    policy = CacheAware(RoutingSettings(), clock)
+    for _ in range(3):  # a stream's calls 1 s apart
+        clock.now += 1.0
+        policy.choose("m", key(2, anchor=5), {}, queued(0, 0))
+    full = [
+        Candidate("b0", True, 8, ahead=Load(slot_wait=1.0)),
+        Candidate("b1", True, 2, ahead=Load()),
+    ]
+    opened = PrefixKey(tokens=40 * B, hashes=list(range(40)), block_size=B, anchor=7, opening=4 * B)
+    assert policy.choose("m", opened, {"b0": 4, "b1": 4}, full).backend == "b1"  # a start
+    clock.now += 60.0  # the conversation's stream is forgotten
+    later = PrefixKey(tokens=48 * B, hashes=list(range(48)), block_size=B, anchor=7, opening=4 * B)
+    route = policy.choose("m", later, {"b0": 40, "b1": 4}, full)
+    assert (route.backend, route.decision) == ("b0", "hit")
 
 
 def test_a_backend_not_yet_timed_is_costed_at_the_timed_ones_rates() -> None:
