@@ -1,6 +1,10 @@
 import json
 from pathlib import Path
 
+import orjson
+from hypothesis import given
+from hypothesis import strategies as st
+
 from gateway.flow import Usage
 from gateway.stages import usage
 from gateway.stages.usage import delivered_text, from_body, from_usage
@@ -43,6 +47,35 @@ def test_delivered_text_joins_stream_deltas() -> None:
         b"data: [DONE]",
     ]
     assert delivered_text(events) == "a b c"
+
+
+def vllm_chunk(content: str, index: int = 0, role: bool = False) -> bytes:
+    """A chat chunk as vLLM writes it (compact JSON, non-ASCII as UTF-8)."""
+    delta = {"role": "assistant", "content": content} if role else {"content": content}
+    choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": None}
+    body = {"id": "chatcmpl-9a", "object": "chat.completion.chunk", "created": 1795964375,
+            "model": "tiny", "choices": [choice]}  # fmt: skip
+    return b"data: " + orjson.dumps(body)
+
+
+@given(st.lists(st.text(), min_size=1, max_size=5))
+def test_vllm_chunks_read_in_place_give_what_the_parse_gives(texts: list[str]) -> None:
+    """Quotes, backslashes, control characters, astral code points, the role chunk:
+    the text read from vLLM's chunks is the text a JSON parse finds."""
+    events = [vllm_chunk(t, role=i == 0) for i, t in enumerate(texts)]
+    assert delivered_text(events) == "".join(texts)
+
+
+def test_chunks_of_another_shape_or_choice_are_parsed() -> None:
+    """A second choice's chunk, reordered fields, an escape that is not JSON, a chunk cut
+    short: the parse decides (the first choice of each chunk; what is not JSON, skipped)."""
+    second = vllm_chunk("two", index=1)
+    reordered = b'data: {"object":"chat.completion.chunk","id":"x","created":1,"model":"m",' \
+                b'"choices":[{"index":0,"delta":{"content":"three"}}]}'  # fmt: skip
+    broken = vllm_chunk("x").replace(b'"content":"x"', b'"content":"\\q"')
+    four = vllm_chunk("four")
+    cut = four[: four.index(b"four") + 2]  # "content":"fo, no closing quote
+    assert delivered_text([vllm_chunk("one"), second, reordered, broken, cut]) == "onetwothree"
 
 
 FIXTURES = Path(__file__).parents[2] / "vllm" / "fixtures"
