@@ -106,6 +106,23 @@ VLLM_FIRST_DELTA = b'"choices":[{"index":0,"delta":{"content":"'
 choice can follow ``"choices":[{``, and a JSON string cannot hold an unescaped quote."""
 
 
+def _vllm_delta(event: bytes) -> str | None:
+    """The first choice's text of a vLLM chat chunk, read in place; None where only a
+    parse can tell (no such head, an escape, no closing quote, bytes that are not UTF-8)."""
+    at = event.find(VLLM_FIRST_DELTA)
+    if at < 0:
+        return None
+    start = at + len(VLLM_FIRST_DELTA)
+    end = event.find(b'"', start)
+    text = event[start:end]
+    if end < 0 or b"\\" in text:
+        return None
+    try:
+        return text.decode()
+    except UnicodeDecodeError:
+        return None
+
+
 def delivered_text(events: list[bytes]) -> str:
     """The generated text carried by SSE events (chat deltas or completion text).
 
@@ -114,14 +131,10 @@ def delivered_text(events: list[bytes]) -> str:
     escape, another server's field order, a role chunk) takes the parse."""
     parts: list[str] = []
     for event in events:
-        start = event.find(VLLM_FIRST_DELTA) + len(VLLM_FIRST_DELTA)
-        end = event.find(b'"', start) if start >= len(VLLM_FIRST_DELTA) else -1
-        if end >= 0 and b"\\" not in (text := event[start:end]):
-            try:
-                parts.append(text.decode())
-                continue
-            except UnicodeDecodeError:
-                pass
+        text = _vllm_delta(event)
+        if text is not None:
+            parts.append(text)
+            continue
         payload = event.partition(b"data:")[2].strip()
         if not payload.startswith(b"{"):
             continue
