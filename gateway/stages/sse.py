@@ -78,7 +78,7 @@ class EventScanner:
         return rest
 
     def _delivered_text(self) -> str:
-        return usage_stage.delivered_text(b"".join(self.delivered).split(b"\n\n"))
+        return usage_stage.stream_text(b"".join(self.delivered))
 
     def _keep_events(self, events: bytes) -> bytes:
         """The events (each ending in a blank line) less a usage event nobody asked for;

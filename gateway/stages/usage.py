@@ -10,13 +10,14 @@ billed as standard input like every uncached prompt token (not as a cache write)
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import orjson
 
 from gateway.flow import Usage
 
-__all__ = ["Usage", "delivered_text", "event_usage", "from_body", "from_usage"]
+__all__ = ["Usage", "delivered_text", "event_usage", "from_body", "from_usage", "stream_text"]
 
 
 def from_usage(usage: Any) -> Usage | None:
@@ -101,40 +102,41 @@ def _int(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
-VLLM_FIRST_DELTA = b'"choices":[{"index":0,"delta":{"content":"'
-"""Where the text of a chat chunk's first choice begins, as vLLM writes it: only the first
-choice can follow ``"choices":[{``, and a JSON string cannot hold an unescaped quote."""
+VLLM_TEXT = re.compile(
+    rb'"choices":\[\{"index":0,(?:"delta":\{(?:"role":"assistant",)?"content"|"text"):'
+    rb'"([^"\\\x00-\x1f]*(?:\\.[^"\\\x00-\x1f]*)*)"[,}]'
+)
+"""The text of a chat or completions chunk whose first choice is choice 0, as vLLM writes
+it: the body of a JSON string. Only the first choice can follow ``"choices":[{``, and a
+JSON string holds no unescaped quote, newline or other control character, so a match lies
+within one line and on valid JSON is exactly the string's body."""
 
 
-def _vllm_delta(event: bytes) -> str | None:
-    """The first choice's text of a vLLM chat chunk, read in place; None where only a
-    parse can tell (no such head, an escape, no closing quote, bytes that are not UTF-8)."""
-    at = event.find(VLLM_FIRST_DELTA)
-    if at < 0:
-        return None
-    start = at + len(VLLM_FIRST_DELTA)
-    end = event.find(b'"', start)
-    text = event[start:end]
-    if end < 0 or b"\\" in text:
-        return None
-    try:
-        return text.decode()
-    except UnicodeDecodeError:
-        return None
+def stream_text(events: bytes) -> str:
+    """The generated text of complete SSE events (each ending in a blank line).
+
+    Events shaped as vLLM writes them (one line each: a chunk with text, a usage chunk
+    without choices, ``[DONE]``) are read in one pass and one decode instead of a JSON
+    parse and a walk per token's event; on valid JSON both find the same text. Anything
+    else (another server's field order, a second choice, a Responses stream, a comment,
+    an invalid escape, bytes that are not UTF-8) is parsed event by event, which decides
+    what the text is."""
+    found = VLLM_TEXT.findall(events)
+    read = len(found) + events.count(b"data: [DONE]") + events.count(b'"choices":[]')
+    if 2 * read == events.count(b"\n"):  # every event one line, and every one read
+        body = b"".join(found)
+        try:
+            return str(orjson.loads(b'"' + body + b'"')) if b"\\" in body else body.decode()
+        except (orjson.JSONDecodeError, UnicodeDecodeError):
+            pass
+    return delivered_text(events.split(b"\n\n"))
 
 
 def delivered_text(events: list[bytes]) -> str:
-    """The generated text carried by SSE events (chat deltas or completion text).
-
-    A vLLM chat chunk's text without escapes is read in place: a token's event then costs
-    two searches instead of a JSON parse and a walk of the result. Anything else (an
-    escape, another server's field order, a role chunk) takes the parse."""
+    """The generated text carried by SSE events (chat deltas or completion text), each
+    parsed."""
     parts: list[str] = []
     for event in events:
-        text = _vllm_delta(event)
-        if text is not None:
-            parts.append(text)
-            continue
         payload = event.partition(b"data:")[2].strip()
         if not payload.startswith(b"{"):
             continue

@@ -58,12 +58,51 @@ def vllm_chunk(content: str, index: int = 0, role: bool = False) -> bytes:
     return b"data: " + orjson.dumps(body)
 
 
+def stream(events: list[bytes]) -> bytes:
+    """Events as the relay delivers them: each ends in a blank line."""
+    return b"".join(e + b"\n\n" for e in events)
+
+
 @given(st.lists(st.text(), min_size=1, max_size=5))
-def test_vllm_chunks_read_in_place_give_what_the_parse_gives(texts: list[str]) -> None:
+def test_vllm_chunks_read_at_once_give_what_the_parse_gives(texts: list[str]) -> None:
     """Quotes, backslashes, control characters, astral code points, the role chunk:
-    the text read from vLLM's chunks is the text a JSON parse finds."""
+    the text read from vLLM's chunks in one pass is the text a JSON parse finds."""
     events = [vllm_chunk(t, role=i == 0) for i, t in enumerate(texts)]
+    assert usage.stream_text(stream([*events, b"data: [DONE]"])) == "".join(texts)
     assert delivered_text(events) == "".join(texts)
+
+
+def completion_chunk(text: str, model: str) -> bytes:
+    choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": None}
+    body = {"id": "cmpl-1", "object": "text_completion", "created": 1, "model": model,
+            "choices": [choice]}  # fmt: skip
+    return b"data: " + orjson.dumps(body)
+
+
+def usage_chunk(model: str) -> bytes:
+    body = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": model,
+            "choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 1}}  # fmt: skip
+    return b"data: " + orjson.dumps(body)
+
+
+EVENTS = st.one_of(
+    st.text().map(vllm_chunk),
+    st.text().map(lambda t: vllm_chunk(t, role=True)),
+    st.text().map(lambda t: vllm_chunk(t, index=1)),
+    st.tuples(st.text(), st.text()).map(lambda a: completion_chunk(*a)),
+    st.text().map(usage_chunk),
+    st.sampled_from([b"data: [DONE]", b": ping", b"data: {}", b"event: x", b"data: []"]),
+    st.binary(max_size=40).filter(lambda b: b"\n\n" not in b and not b.endswith(b"\n")),
+)
+
+
+@given(st.lists(EVENTS, max_size=6))
+def test_the_one_pass_read_gives_what_parsing_each_event_gives(events: list[bytes]) -> None:
+    """Whatever valid JSON the events carry (any text or model name, other choices, usage
+    chunks, completions), and whatever else comes between them (comments, bytes that are
+    not JSON or not UTF-8), reading them at once and parsing them one by one find the
+    same text."""
+    assert usage.stream_text(stream(events)) == delivered_text(events)
 
 
 def test_chunks_of_another_shape_or_choice_are_parsed() -> None:
@@ -75,7 +114,10 @@ def test_chunks_of_another_shape_or_choice_are_parsed() -> None:
     broken = vllm_chunk("x").replace(b'"content":"x"', b'"content":"\\q"')
     four = vllm_chunk("four")
     cut = four[: four.index(b"four") + 2]  # "content":"fo, no closing quote
-    assert delivered_text([vllm_chunk("one"), second, reordered, broken, cut]) == "onetwothree"
+    events = [vllm_chunk("one"), second, reordered, broken, cut]
+    assert usage.stream_text(stream(events)) == "onetwothree"
+    assert usage.stream_text(stream([vllm_chunk("one"), broken])) == "one"
+    assert usage.stream_text(stream([vllm_chunk("one"), cut])) == "one"
 
 
 FIXTURES = Path(__file__).parents[2] / "vllm" / "fixtures"
