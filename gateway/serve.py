@@ -48,11 +48,13 @@ def run(args: argparse.Namespace) -> int:
     configure_logging(settings)
     import uvicorn
 
+    from gateway.http_protocol import CoalescingHttpTools
+
     options: UvicornOptions = {
         "host": settings.server.host,
         "port": settings.server.port,
         "loop": "uvloop",
-        "http": "httptools",
+        "http": CoalescingHttpTools,
         "access_log": False,
         "log_level": settings.server.log_level,
         "lifespan": "on",
@@ -83,7 +85,7 @@ class UvicornOptions(TypedDict):
     host: str
     port: int
     loop: Literal["uvloop"]
-    http: Literal["httptools"]
+    http: type[asyncio.Protocol]
     access_log: bool
     log_level: str
     lifespan: Literal["on"]
