@@ -53,7 +53,13 @@ def test_redis_stopped_20_s_every_call_served_and_a_limited_key_within_its_limit
         with start_cluster(Stores(stores.pg, redis), tmp_path) as cluster:
             _, limited = issue_key(cluster.url, "faults", rpm=RPM)
             load, hammered = asyncio.run(redis_outage(cluster.url, cluster.key, limited, redis))
-            degraded = cluster.metric("gateway_limits_degraded", mode="local")
+            # A probe (every redis.probe_interval, 1 s) finds Redis again; the calls after
+            # the restart can all finish before the first probe that succeeds.
+            deadline = time.monotonic() + 10
+            while (degraded := cluster.metric("gateway_limits_degraded", mode="local")) and (
+                time.monotonic() < deadline
+            ):
+                time.sleep(0.2)
     finally:
         redis.kill()
     served = [o for o in hammered.outcomes if o.ok]
@@ -65,7 +71,7 @@ def test_redis_stopped_20_s_every_call_served_and_a_limited_key_within_its_limit
     assert load.failed == []
     assert len(served) <= allowed
     assert len(served) + len(refused) == len(hammered.outcomes)  # 200 or 429, nothing else
-    assert degraded == 0  # shared again
+    assert degraded == 0  # shared again within ten probes
 
 
 async def redis_outage(url: str, key: str, limited: str, redis: RedisProcess) -> tuple[Load, Load]:
