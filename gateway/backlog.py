@@ -36,8 +36,10 @@ class Backlog:
     """The most sequences the engine was seen running at once."""
     slots: int = 0
     """The most sequences the engine runs at once (vLLM's ``max_num_seqs``, which it does
-    not export): ``peak`` once calls were seen waiting while it ran that many; 0 (not
-    known) until then."""
+    not export): ``peak`` once calls were seen waiting while it ran that many on two
+    scrapes in a row; 0 (not known) until then."""
+    _at_peak: bool = False
+    """The last scrape found calls waiting while the engine ran ``peak`` sequences."""
     kv_tokens: float = 0.0
     """KV cache our calls there hold or will: their prompts and the answers they may write."""
     _held: dict[str, float] = field(default_factory=dict)
@@ -52,17 +54,21 @@ class Backlog:
         many of our calls it had not answered yet (its waiting queue counts those).
 
         Calls wait at the slot limit, but also for the next scheduler step whatever the
-        free slots (a step that prefills a long prompt takes a while), so a scrape that
-        finds calls waiting with fewer running than the limit can mislead: the slot count
-        is the most ever seen running, once calls were seen waiting at that many. Seen
-        running more, the engine had more: unknown again until calls wait at the new peak.
-        (A KV cache too full to admit more also makes calls wait, with fewer running.)"""
+        free slots: a step that prefills a long prompt takes a while, and one scrape
+        taken during it finds calls waiting beside the few running. So the slot count is
+        the most ever seen running, once two scrapes in a row found calls waiting at that
+        many: a count learned low at a cold start would make the backend look full with
+        slots free, and keep from it the calls that would show it runs more. Seen running
+        more, the engine had more: unknown again until calls wait at the new peak. (A KV
+        cache too full to admit more also makes calls wait, with fewer running.)"""
         if capacity_tokens:
             self.capacity_tokens = capacity_tokens
         if running > self.peak:
-            self.peak, self.slots = running, 0
-        if running == self.peak and waiting > 0:
+            self.peak, self.slots, self._at_peak = running, 0, False
+        at_peak = running == self.peak and waiting > 0
+        if at_peak and self._at_peak:
             self.slots = running
+        self._at_peak = at_peak
         self.pending_at_scrape = len(self.pending(time.perf_counter()))
 
     @property

@@ -66,21 +66,39 @@ def test_busy_is_the_share_of_decisions_that_found_our_prefill_queued_from_the_f
     assert backlog.load(waiting=0, running=0, kv_usage=0.0).utilization == 0.5
 
 
-def test_the_slot_count_is_the_peak_running_once_calls_waited_at_it() -> None:
+def test_the_slot_count_is_the_peak_running_once_calls_waited_at_it_twice_in_a_row() -> None:
     backlog = Backlog()
     backlog.scraped(None, running=3, waiting=0)
     backlog.scraped(None, running=2, waiting=1)  # waiting for the next step, not a slot
     assert backlog.slots == 0
-    backlog.scraped(None, running=3, waiting=2)
+    backlog.scraped(None, running=3, waiting=2)  # one long prefill step can look like this
+    assert backlog.slots == 0
+    backlog.scraped(None, running=3, waiting=1)
     assert backlog.slots == 3
     backlog.scraped(None, running=5, waiting=0)  # it ran more: 3 was not the limit
     assert backlog.slots == 0
     backlog.scraped(None, running=5, waiting=1)
+    backlog.scraped(None, running=4, waiting=1)  # not at the peak: the pair is broken
+    backlog.scraped(None, running=5, waiting=1)
+    assert backlog.slots == 0
+    backlog.scraped(None, running=5, waiting=2)
     assert backlog.slots == 5
+
+
+def test_a_cold_start_scrape_during_a_long_prefill_does_not_cap_the_slots() -> None:
+    """Two running and calls waiting behind one long prefill step, then the engine runs
+    them all: the backend never looked full at two."""
+    backlog = Backlog()
+    backlog.scraped(None, running=2, waiting=6)
+    assert backlog.slots == 0
+    backlog.scraped(None, running=8, waiting=0)
+    assert backlog.slots == 0
+    assert backlog.peak == 8
 
 
 def test_a_call_beyond_the_slots_waits_for_our_first_answer_to_end() -> None:
     backlog = Backlog()
+    backlog.scraped(None, running=2, waiting=1)
     backlog.scraped(None, running=2, waiting=1)
     assert backlog.slots == 2
     backlog.rates.per_output = 0.1
@@ -108,6 +126,7 @@ def test_slot_occupancy_is_averaged_from_the_first_decision_not_from_when_slots_
         assert backlog.load(waiting=0, running=1, kv_usage=0.0).utilization == pytest.approx(
             0.0, abs=1e-3
         )
-    backlog.scraped(None, running=4, waiting=1)  # full at the scrape: four slots
+    backlog.scraped(None, running=4, waiting=1)  # full at two scrapes: four slots
+    backlog.scraped(None, running=4, waiting=1)
     load = backlog.load(waiting=1, running=4, kv_usage=0.0)
     assert load.utilization == pytest.approx((1 + 1 + 1 + 4) / 4 / 4, abs=1e-3)
