@@ -197,6 +197,8 @@ class Streams:
         self._homes: OrderedDict[int, Home] = OrderedDict()
         """Live streams by anchor, least recently seen first."""
         self._footprints: dict[str, float] = {}
+        self._live: dict[str, int] = {}
+        """Live streams per backend they call home."""
         self._remembered = remembered
         self._starts = 0.5
         """Share of calls that start a stream: before any evidence, as likely as not."""
@@ -225,11 +227,16 @@ class Streams:
         """Tokens the live streams homed on ``backend`` will want cached there."""
         return self._footprints.get(backend, 0.0)
 
+    def live(self, backend: str) -> int:
+        """Live streams homed on ``backend``."""
+        return self._live.get(backend, 0)
+
     def place(self, anchor: int, backend: str, footprint: float) -> None:
         """The stream's call went to ``backend``; ``footprint``: what it will want there."""
         self._leave(anchor)
         self._homes[anchor] = Home(backend, footprint, self._clock())
         self._footprints[backend] = self.footprint(backend) + footprint
+        self._live[backend] = self.live(backend) + 1
         if len(self._homes) > self._remembered:
             self._leave(next(iter(self._homes)))
 
@@ -237,6 +244,7 @@ class Streams:
         home = self._homes.pop(anchor, None)
         if home is not None:
             self._footprints[home.backend] = max(self.footprint(home.backend) - home.footprint, 0)
+            self._live[home.backend] -= 1
 
     def _expire(self, now: float) -> None:
         if self.gap <= 0:
@@ -246,6 +254,37 @@ class Streams:
             if now - home.seen < LIVE_GAPS * self.gap:
                 return
             self._leave(anchor)
+
+
+class Sharing:
+    """How many recent starts shared each prefix held somewhere: the calls a copy of it on
+    another backend would serve next.
+
+    A call that starts a stream (or stands alone) on a prefix others have used recently
+    is one of many: an agent's system prompt, a popular document. Whether a copy of that
+    prefix elsewhere pays is a question about all of them, not about this call alone
+    (:func:`relief`). The starts of about the last ``MEMORY`` starts are taken as the
+    starts of a like span to come; counted per replica, as :class:`Streams`.
+    """
+
+    def __init__(self, remembered: int = 1 << 16) -> None:
+        self._counts: OrderedDict[int, tuple[float, int]] = OrderedDict()
+        """Per prefix: its decayed count of starts, and the start it was last counted at."""
+        self._remembered = remembered
+        self._starts = 0
+
+    def count(self, prefix: int | None) -> float:
+        """Count a start whose prompt's longest held prefix is ``prefix`` (None: nothing
+        held); the starts that shared it before, each weighed down by the starts since."""
+        self._starts += 1
+        if prefix is None:
+            return 0.0
+        count, at = self._counts.pop(prefix, (0.0, self._starts))
+        before = count * (1.0 - 1.0 / MEMORY) ** (self._starts - at)
+        self._counts[prefix] = (before + 1.0, self._starts)
+        if len(self._counts) > self._remembered:
+            self._counts.popitem(last=False)
+        return before
 
 
 def slot_wait(running: list[float], waiting: list[float], slots: int) -> float:
@@ -329,8 +368,7 @@ def cost(
     the first alone would pile onto whichever backend is momentarily idlest, or onto the
     one that alone holds the prompt: there their histories would outgrow the cache.
     """
-    u = min(load.utilization, BUSIEST)
-    crowd = u / (1.0 - u)
+    crowd = crowding(load)
     prefill = rates.per_token * uncached
     evicts = load.full * rates.hit_share
     ahead = rates.ttft(load.queued_tokens, load.running)
@@ -339,6 +377,43 @@ def cost(
     now = ahead + prefill * (1.0 + crowd + evicts)
     if later_calls <= 0:
         return now
-    service = rates.overhead + rates.per_token * rates.uncached_per_call
     lost = evicted(load.free_tokens, wanted + footprint)
-    return now + later_calls * (service * (1.0 + crowd) + rates.per_token * footprint * lost)
+    typical = meets(rates, load, rates.uncached_per_call)
+    return now + later_calls * (typical + rates.per_token * footprint * lost)
+
+
+def crowding(load: Load) -> float:
+    """Calls a call's work delays behind it at the backend's utilization (M/M/1's
+    ``u / (1 - u)``), believed up to ``BUSIEST``."""
+    u = min(load.utilization, BUSIEST)
+    return u / (1.0 - u)
+
+
+def meets(rates: Rates, load: Load, uncached: float) -> float:
+    """The time to first token there of a call with ``uncached`` tokens to prefill, over
+    the time the backend is loaded as now: its service stretched by the queueing at the
+    backend's utilization."""
+    service = rates.overhead + rates.per_token * uncached
+    return service * (1.0 + crowding(load))
+
+
+def relief(
+    sharers: float, holders: list[tuple[Rates, Load]], rates: Rates, load: Load, own: float
+) -> float:
+    """Seconds a copy of a shared prefix on this backend saves the calls that share it next.
+
+    Without it, the ``sharers`` expected next (each, like this call, with ``own`` tokens
+    beyond the prefix) all meet the load of the ``holders``; with it, one backend more
+    shares them out, and its part of them meets this backend's load instead. As they
+    come the two loads draw together, so each saves half the difference on average (none
+    if the holders are the less loaded). It rests on utilization, which averages over
+    many calls, not on the queue of the moment: a momentary queue clears before the next
+    sharer comes, and a copy made for it would be a prefill for nothing. This is Preble's
+    replication of a prefix too hot for the backends that hold it, in the cost model's
+    units: one prefill of the prefix here is worth it once the sharers' queueing it saves
+    is more."""
+    if sharers <= 0 or not holders:
+        return 0.0
+    theirs = sum(meets(r, h, own) for r, h in holders) / len(holders)
+    gap = max(theirs - meets(rates, load, own), 0.0)
+    return sharers / (len(holders) + 1) * gap / 2

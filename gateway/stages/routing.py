@@ -10,6 +10,10 @@ there: queueing, and a cache that may turn over before they come. No thresholds:
 prefix keeps a call exactly as long as the prefill it saves outweighs the queue, and a
 prefix every conversation shares (an agent's system prompt) is copied to another backend
 as soon as the first one's load costs new conversations more than one prefill there.
+That prefill is weighed against more than the call that pays it: the calls that share
+the prefix next could use the copy too, and once the holders are the more loaded over
+time (not at this moment), what a copy saves them outweighs one prefill
+(:func:`gateway.stages.costs.relief`).
 
 The later terms weigh where a conversation starts, not each of its turns: they rest on
 utilization and cache turnover measured now but lived in over the conversation's life,
@@ -20,8 +24,10 @@ prefill of the history and a dead copy of it left behind.
   held, or the same prefix held everywhere) are ties: they go to the backend holding the
   most of the prompt, which leaves the least to prefill (a later turn whose costs tie
   stays with its history: moving it would prefill the history again and leave a dead
-  copy behind, for a saving the estimates cannot show); among those, to the backend
-  given a placement longest ago, then by a consistent (rendezvous) hash of the
+  copy behind, for a saving the estimates cannot show); a call that starts a stream,
+  among those, to the backend fewest live streams call home (their later calls are load
+  to come, which no estimate of the moment shows); then to the backend given a
+  placement longest ago, then by a consistent (rendezvous) hash of the
   conversation's anchor; never "backend 0 first", and never to whichever backend's
   estimate noise made look a millisecond faster: conversations that start together send
   their next turns together, and pile up where they were all sent.
@@ -44,7 +50,7 @@ from typing import Protocol
 from gateway.errors import BackendUnavailable
 from gateway.flow import Decision, PrefixKey, Route
 from gateway.settings import RoutingSettings
-from gateway.stages.costs import Load, Rates, Streams, cost
+from gateway.stages.costs import Load, Rates, Sharing, Streams, cost, relief
 
 
 @dataclass(slots=True, frozen=True)
@@ -111,6 +117,7 @@ class CacheAware:
         self._s = settings
         self._placed = Placements()
         self._streams = Streams(clock)
+        self._sharing = Sharing()
 
     def choose(
         self,
@@ -148,9 +155,32 @@ class CacheAware:
             )
             for c in healthy
         }
-        pick, decision = self._pick(key, matches, healthy, costs, session, index_ok)
+        if starts:
+            self._share_out(key, matches, healthy, costs)
+        pick, decision = self._pick(key, matches, healthy, costs, session, index_ok, starts)
         streams.place(key.anchor, pick.name, footprint[pick.name])
         return self._route(key, matches, pick, decision)
+
+    def _share_out(
+        self,
+        key: PrefixKey,
+        matches: Mapping[str, int],
+        healthy: list[Candidate],
+        costs: dict[str, float],
+    ) -> None:
+        """Count a start on the longest prefix any backend holds, and credit each backend
+        without all of it with what a copy there saves the starts that share it next
+        (:func:`gateway.stages.costs.relief`)."""
+        top = max(matches.get(c.name, 0) for c in healthy)
+        depth = min(top, len(key.hashes))
+        sharers = self._sharing.count(key.hashes[depth - 1] if depth else None)
+        if not sharers:
+            return
+        holders = [(c.rates, c.ahead) for c in healthy if matches.get(c.name, 0) >= top]
+        own = key.tokens - covered(key, top)
+        for c in healthy:
+            if matches.get(c.name, 0) < top:
+                costs[c.name] -= relief(sharers, holders, c.rates, c.ahead, own)
 
     def _pick(
         self,
@@ -160,6 +190,7 @@ class CacheAware:
         costs: Mapping[str, float],
         session: str | None,
         index_ok: bool,
+        starts: bool,
     ) -> tuple[Candidate, Decision]:
         """The cheapest backend, unless a pin names one that costs no more than a prefill
         of the prompt above it (see the module docstring)."""
@@ -174,7 +205,11 @@ class CacheAware:
         band = TIE_ERRORS * max(c.rates.error for c in healthy)
         tied = [c for c in healthy if costs[c.name] <= least + band]
         most = max(matches.get(c.name, 0) for c in tied)
-        pick = self._placed.pick([c for c in tied if matches.get(c.name, 0) == most], key.anchor)
+        tied = [c for c in tied if matches.get(c.name, 0) == most]
+        if starts:
+            fewest = min(self._streams.live(c.name) for c in tied)
+            tied = [c for c in tied if self._streams.live(c.name) == fewest]
+        pick = self._placed.pick(tied, key.anchor)
         held = matches.get(pick.name, 0)
         return pick, "miss" if top == 0 else "hit" if held == top else "overflow"
 

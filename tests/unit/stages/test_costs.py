@@ -5,12 +5,16 @@ import pytest
 
 from gateway.flow import Call, PrefixKey, Route, Usage
 from gateway.stages.costs import (
+    MEMORY,
     PRIOR_PER_TOKEN,
     Load,
     Rates,
+    Sharing,
     Streams,
     cost,
     evicted,
+    meets,
+    relief,
     slot_wait,
 )
 from gateway.stages.dispatch import time_rates
@@ -77,6 +81,7 @@ def test_streams_know_what_each_backend_will_want_cached() -> None:
     streams.count(0)
     streams.place(0, "b1", 1500)  # moved, and grew
     assert (streams.footprint("b0"), streams.footprint("b1")) == (2000, 1500)
+    assert (streams.live("b0"), streams.live("b1"), streams.live("b2")) == (2, 1, 0)
     # Once the mean gap is known, a stream unseen for three of them has ended.
     now[0] = 1.0
     streams.count(1)
@@ -85,6 +90,7 @@ def test_streams_know_what_each_backend_will_want_cached() -> None:
     now[0] = 1.6
     streams.count(99)
     assert (streams.footprint("b0"), streams.footprint("b1")) == (1000, 0)
+    assert (streams.live("b0"), streams.live("b1")) == (1, 0)
 
 
 def test_streams_remember_at_most_their_bound_however_many_conversations_start() -> None:
@@ -98,6 +104,50 @@ def test_streams_remember_at_most_their_bound_however_many_conversations_start()
     assert streams.count(0) is None
     # what the forgotten streams wanted cached left the footprints with them
     assert streams.footprint("b0") + streams.footprint("b1") == pytest.approx(100 * 10)
+
+
+def test_sharing_counts_the_recent_starts_on_each_prefix() -> None:
+    sharing = Sharing()
+    assert sharing.count(None) == 0.0
+    keep = 1 - 1 / MEMORY  # each start since weighs a count down by this
+    assert [sharing.count(7) for _ in range(3)] == pytest.approx([0, keep, (1 + keep) * keep])
+    for _ in range(10 * MEMORY):  # starts on other prompts: the prefix is no longer hot
+        sharing.count(None)
+    assert sharing.count(7) < 0.01
+    for _ in range(2 * MEMORY):  # one prefix under every start: about a memory's worth
+        sharing.count(8)
+    assert sharing.count(8) == pytest.approx(MEMORY, rel=0.2)
+
+
+def test_sharing_remembers_at_most_its_bound() -> None:
+    sharing = Sharing(remembered=10)
+    for prefix in range(100):
+        sharing.count(prefix)
+        assert len(sharing._counts) <= 10
+    assert sharing.count(0) == 0.0  # forgotten
+    assert sharing.count(99) == pytest.approx((1 - 1 / MEMORY) ** 2)  # two starts since
+
+
+def test_a_copy_relieves_the_sharers_of_the_holders_sustained_load_only() -> None:
+    rates = Rates()
+    busy, idle = Load(utilization=0.5), Load()
+    own = 200  # tokens each sharer has beyond the prefix
+    gap = meets(rates, busy, own) - meets(rates, idle, own)
+    assert gap == pytest.approx(rates.overhead + rates.per_token * own)
+    # 10 sharers, one holder: two backends share them once copied, half meet this one,
+    # and as they come the loads draw together: each saves half the gap
+    assert relief(10, [(rates, busy)], rates, idle, own) == pytest.approx(10 / 2 * gap / 2)
+    assert relief(10, [(rates, busy), (rates, idle)], rates, idle, own) == pytest.approx(
+        10 / 3 * gap / 4
+    )
+    assert relief(10, [(rates, idle)], rates, busy, own) == 0.0  # it is the busier one
+    assert relief(10, [(rates, busy)], rates, busy, own) == 0.0  # even: a copy relieves nobody
+    momentary = Load(queued_tokens=5000)
+    assert relief(10, [(rates, momentary)], rates, idle, own) == 0.0
+    assert relief(0, [(rates, busy)], rates, idle, own) == 0.0
+    # what the holder's other calls usually prefill is not the sharers' shape
+    inflated = Rates(uncached_per_call=5000)
+    assert relief(10, [(inflated, busy)], rates, busy, own) == 0.0
 
 
 def test_an_lru_cache_loses_more_the_more_the_live_streams_want() -> None:

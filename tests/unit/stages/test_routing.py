@@ -142,6 +142,44 @@ def test_a_hot_prefix_held_by_one_busy_backend_is_copied() -> None:
     assert (route.backend, route.decision) == ("b1", "overflow")
 
 
+def test_a_prefix_every_start_shares_is_copied_once_its_holder_is_the_more_loaded() -> None:
+    """An agent: every conversation opens on one 1,600-token system prompt, which only b0
+    holds, busier over time than b1. For one conversation alone the copy is not worth it
+    (b0's load costs its first call about 0.01 s more, against 0.16 s to prefill the
+    prompt on b1); for the conversations that share the prompt next it is, once there are
+    enough of them: each that b1 would take saves part of that 0.01 s."""
+    policy = CacheAware(RoutingSettings())
+    cands = [
+        Candidate("b0", True, 0, ahead=Load(utilization=0.4)),
+        Candidate("b1", True, 0, ahead=Load(utilization=0.1)),
+    ]
+
+    def start(conversation: int) -> str:
+        hashes = [*range(100), 10_000 + conversation]  # the prompt's blocks, then its own
+        opening = PrefixKey(tokens=101 * B, hashes=hashes, block_size=B, anchor=conversation)
+        return policy.choose("m", opening, {"b0": 100}, cands).backend
+
+    picks = [start(n) for n in range(200)]
+    assert "b1" in picks
+    first = picks.index("b1")
+    assert 10 < first < 100, first  # 0.16 s over about 0.003 s saved per sharer
+
+
+def test_a_shared_prefix_is_not_copied_for_a_momentary_queue() -> None:
+    """The same prompt and as many sharers, but both backends equally loaded over time;
+    b0 has a queue at this moment that is less than one prefill of the prompt: it clears
+    before the next sharer comes, so no copy (the relief rests on utilization)."""
+    policy = CacheAware(RoutingSettings())
+    cands = [
+        Candidate("b0", True, 0, ahead=Load(utilization=0.4, queued_tokens=1000)),
+        Candidate("b1", True, 0, ahead=Load(utilization=0.4)),
+    ]
+    for conversation in range(200):
+        hashes = [*range(100), 10_000 + conversation]
+        opening = PrefixKey(tokens=101 * B, hashes=hashes, block_size=B, anchor=conversation)
+        assert policy.choose("m", opening, {"b0": 100}, cands).backend == "b0"
+
+
 def test_one_off_calls_on_a_rare_prefix_stay_with_it_however_busy() -> None:
     """Calls that start no conversation (a new question on a shared document each time)
     commit nothing to the backend after them: only this call's TTFT counts, and the held
@@ -385,6 +423,19 @@ def noisy_rates(seed: int) -> Rates:
         tokens = rng.uniform(0, 2000)
         rates.observe(tokens, 0, (0.02 + 1e-4 * tokens) * rng.uniform(0.5, 1.5))
     return rates
+
+
+def test_a_new_conversation_whose_costs_tie_goes_where_fewest_conversations_live() -> None:
+    """Two idle backends holding the same short system prompt; b0 is home to three live
+    conversations, b1 to one. b0's last turn came before b1's, so taking turns alone
+    would send a new conversation to b0; the later turns of the three are load to come."""
+    policy = CacheAware(RoutingSettings())
+    idle = queued(0, 0)
+    for conversation, home in ((1, "b0"), (2, "b0"), (3, "b0"), (4, "b1")):
+        assert policy.choose("m", key(2, anchor=conversation), {home: 1}, idle).backend == home
+    assert policy.choose("m", key(8, anchor=1), {"b0": 7}, idle).backend == "b0"
+    assert policy.choose("m", key(8, anchor=4), {"b1": 7}, idle).backend == "b1"
+    assert policy.choose("m", key(2, anchor=5), {"b0": 1, "b1": 1}, idle).backend == "b1"
 
 
 def test_a_later_turn_whose_costs_tie_stays_with_its_history() -> None:
