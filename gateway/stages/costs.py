@@ -267,9 +267,11 @@ class Sharing:
     starts of a like span to come; counted per replica, as :class:`Streams`.
     """
 
-    def __init__(self, remembered: int = 1 << 16) -> None:
+    def __init__(self, remembered: int = 16 * MEMORY) -> None:
         self._counts: OrderedDict[int, tuple[float, int]] = OrderedDict()
-        """Per prefix: its decayed count of starts, and the start it was last counted at."""
+        """Per prefix: its decayed count of starts, and the start it was last counted at,
+        least recently counted first. A prefix no start shared in ``16 * MEMORY`` starts
+        counts less than e^-16 of what it did: forgetting it changes no decision."""
         self._remembered = remembered
         self._starts = 0
 
