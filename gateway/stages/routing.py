@@ -156,7 +156,7 @@ class CacheAware:
             for c in healthy
         }
         if starts:
-            self._share_out(key, matches, healthy, costs)
+            self._share_out(key, held[0], matches, healthy, costs)
         pick, decision = self._pick(key, matches, healthy, costs, session, index_ok, starts)
         streams.place(key.anchor, pick.name, footprint[pick.name])
         return self._route(key, matches, pick, decision)
@@ -164,14 +164,14 @@ class CacheAware:
     def _share_out(
         self,
         key: PrefixKey,
+        top: int,
         matches: Mapping[str, int],
         healthy: list[Candidate],
         costs: dict[str, float],
     ) -> None:
-        """Count a start on the longest prefix any backend holds, and credit each backend
-        without all of it with what a copy there saves the starts that share it next
-        (:func:`gateway.stages.costs.relief`)."""
-        top = max(matches.get(c.name, 0) for c in healthy)
+        """Count a start on ``top``, the longest prefix any backend holds (in blocks), and
+        credit each backend without all of it with what a copy there saves the starts that
+        share it next (:func:`gateway.stages.costs.relief`)."""
         depth = min(top, len(key.hashes))
         sharers = self._sharing.count(key.hashes[depth - 1] if depth else None)
         if not sharers:
