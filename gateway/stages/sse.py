@@ -21,9 +21,13 @@ from gateway.stages import usage as usage_stage
 class EventScanner:
     """Splits an SSE byte stream into events and picks out the usage event.
 
-    Events are passed through as the bytes that came; only a piece of the stream that
-    mentions usage is split into its events, and only an event carrying a usage object is
-    decoded. One the client did not ask for (``choices: []`` plus usage) is dropped.
+    Events are passed through as the bytes that came. Usage comes in the last event
+    before ``[DONE]`` (OpenAI's protocol: a chat or completions stream's usage chunk, a
+    Responses stream's ``response.completed``; usage that vLLM reports on every chunk is
+    cumulative and ends there too), so only the last event of each piece read is looked
+    at, and decoded only if it mentions usage: looking through every event for it cost a
+    scan of the whole stream, as much as the relay's own reading. One the client did not
+    ask for (``choices: []`` plus usage) is dropped.
     """
 
     RAW_KEPT = 32 * 1024
@@ -56,9 +60,7 @@ class EventScanner:
         out, self._buf = buf[:end], buf[end:]
         if not self.token_seen:
             self.token_seen = any(map(carries_token, out.split(b"\n\n")))
-        if b'"usage"' in out:
-            out = self._keep_events(out)
-        self.ended = self.ended or ends_stream(last_event(out))
+        out = self._last_events(out)
         self.delivered.append(out)
         self._held += len(out)
         if self._held > self.RAW_KEPT:
@@ -80,20 +82,25 @@ class EventScanner:
     def _delivered_text(self) -> str:
         return usage_stage.stream_text(b"".join(self.delivered))
 
-    def _keep_events(self, events: bytes) -> bytes:
-        """The events (each ending in a blank line) less a usage event nobody asked for;
-        only the events that mention usage are looked at."""
-        kept, start = [], 0
-        at = events.find(b'"usage"')
-        while at >= 0:
-            begin = events.rfind(b"\n\n", 0, at)
-            begin = begin + 2 if begin >= 0 else 0
-            end = events.find(b"\n\n", at) + 2
-            if not self._keep(events[begin : end - 2]):
-                kept.append(events[start:begin])
-                start = end
-            at = events.find(b'"usage"', end)
-        return b"".join(kept) + events[start:] if kept else events
+    def _last_events(self, events: bytes) -> bytes:
+        """The events (each ending in a blank line) less a usage event nobody asked for,
+        noting the stream's end: only the last events are looked at, back past comments
+        and ``[DONE]`` to the last that carries data."""
+        end = len(events) - 2
+        while end > 0:
+            start = events.rfind(b"\n\n", 0, end) + 2  # 1 (no blank line before): from 0
+            start = start if start > 1 else 0
+            if events.startswith(b"data: [DONE]\n", start):
+                self.ended = True
+            elif not events.startswith(b":", start):
+                break
+            end = start - 2
+        else:
+            return events
+        self.ended = self.ended or events.startswith(RESPONSE_ENDS, start)
+        if events.find(b'"usage"', start, end) < 0 or self._keep(events[start:end]):
+            return events
+        return events[:start] + events[end + 2 :]
 
     def _keep(self, event: bytes) -> bool:
         if b'"usage":' not in event and b'"usage" :' not in event:
@@ -109,23 +116,12 @@ class EventScanner:
         return not (self.strip_usage and not data.get("choices"))
 
 
-def last_event(events: bytes) -> bytes:
-    """The last of complete events (each ending in a blank line), without its blank line."""
-    start = events.rfind(b"\n\n", 0, len(events) - 2)
-    return events[start + 2 if start >= 0 else 0 : -2]
-
-
 RESPONSE_ENDS = (b"event: response.completed", b"event: response.incomplete",
                  b"event: response.failed")  # fmt: skip
 RESPONSE_OUTPUT = frozenset({"response.output_item.added", "response.completed",
                              "response.incomplete"})  # fmt: skip
 """Responses API events that show output was generated; so does any ``*.delta`` event.
 ``response.created`` and ``.in_progress`` come before prefill."""
-
-
-def ends_stream(event: bytes) -> bool:
-    """The last event a stream sends: chat's ``[DONE]``, or a Responses stream's end."""
-    return event.endswith(b"data: [DONE]") or event.startswith(RESPONSE_ENDS)
 
 
 def carries_token(event: bytes) -> bool:

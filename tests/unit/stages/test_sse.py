@@ -92,3 +92,16 @@ def test_a_chat_streams_first_byte_is_its_first_token_and_done_its_end() -> None
     assert not scanner.ended
     scanner.feed(b"data: [DONE]\n\n")
     assert scanner.ended
+
+
+def test_the_usage_chunk_is_found_behind_comments_and_done_in_any_read() -> None:
+    """Only the last events of each read are looked at: past a keep-alive comment and
+    [DONE] to the usage chunk, whether it came alone or at the end of many events."""
+    comment = b": keep-alive"
+    stream = b"\n\n".join([CHUNK] * 40 + [USAGE, comment, DONE]) + b"\n\n"
+    for pieces in ([stream], [stream[:-100], stream[-100:]], [stream[:9], stream[9:]]):
+        out, found = scan(True, pieces)
+        assert out == b"\n\n".join([CHUNK] * 40 + [comment, DONE]) + b"\n\n"
+        assert found.usage == Usage(prompt_tokens=40, cached_tokens=32, completion_tokens=2)
+        assert found.ended
+        assert found.reply() == "a" * 40
