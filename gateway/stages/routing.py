@@ -316,7 +316,11 @@ def least_loaded(candidates: Sequence[Candidate], tiebreak: int) -> Candidate:
 
 
 def rendezvous(candidates: Sequence[Candidate], key: int) -> Candidate:
-    """Weighted rendezvous hashing: stable when backends come and go, spread by weight."""
+    """Weighted rendezvous hashing: stable when backends come and go, spread by weight.
+    One candidate is its own answer (the usual case once costs and placements have
+    narrowed the choice): no hash to compute."""
+    if len(candidates) == 1:
+        return candidates[0]
 
     def score(c: Candidate) -> float:
         h = hashlib.blake2b(f"{key}:{c.name}".encode(), digest_size=8).digest()
