@@ -88,8 +88,7 @@ class EventScanner:
         and ``[DONE]`` to the last that carries data."""
         end = len(events) - 2
         while end > 0:
-            start = events.rfind(b"\n\n", 0, end) + 2  # 1 (no blank line before): from 0
-            start = start if start > 1 else 0
+            start = usage_stage.event_start(events, end)
             if events.startswith(b"data: [DONE]\n", start):
                 self.ended = True
             elif not events.startswith(b":", start):

@@ -17,7 +17,15 @@ import orjson
 
 from gateway.flow import Usage
 
-__all__ = ["Usage", "delivered_text", "event_usage", "from_body", "from_usage", "stream_text"]
+__all__ = [
+    "Usage",
+    "delivered_text",
+    "event_start",
+    "event_usage",
+    "from_body",
+    "from_usage",
+    "stream_text",
+]
 
 
 def from_usage(usage: Any) -> Usage | None:
@@ -121,7 +129,7 @@ def stream_text(events: bytes) -> str:
     Anything else (another server's field order, a second choice, a Responses stream, a
     comment, an invalid escape, bytes that are not UTF-8) is parsed event by event, which
     decides what the text is. Each scan of the events costs about a tenth of a
-    microsecond per token's event, a third of what a Rust router spends on it in all, so
+    microsecond per token's event, a fifth of what a Rust router spends on it in all, so
     the check that every event was read is one count of lines, not one per event kind."""
     found = VLLM_TEXT.findall(events)
     if 2 * (len(found) + _closing(events)) == events.count(b"\n"):  # all read, one line each
@@ -138,14 +146,20 @@ def _closing(events: bytes) -> int:
     no text: the usage chunk (no choices) and ``[DONE]``."""
     closing, end = 0, len(events) - 2
     while closing < 2 and end > 0:
-        start = events.rfind(b"\n\n", 0, end) + 2  # 1 (no blank line before): from 0
-        event = events[start if start > 1 else 0 : end]
+        start = event_start(events, end)
+        event = events[start:end]
         if event != b"data: [DONE]" and (
             b'"choices":[]' not in event or VLLM_TEXT.search(event) is not None
         ):
             break
         closing, end = closing + 1, start - 2
     return closing
+
+
+def event_start(events: bytes, end: int) -> int:
+    """Where the event that ends at ``end`` (its blank line excluded) begins."""
+    start = events.rfind(b"\n\n", 0, end)
+    return start + 2 if start >= 0 else 0
 
 
 def delivered_text(events: list[bytes]) -> str:
