@@ -155,6 +155,8 @@ class BackendPool:
             metrics.healthy.labels(backend.name).set(int(backend.healthy))
             metrics.circuit.labels(backend.name).set(CIRCUIT_VALUE[backend.circuit])
         self._tasks: list[asyncio.Task[None]] = []
+        self._confirms: dict[str, asyncio.Task[None]] = {}
+        """Per backend, the scrape due to confirm that calls wait for a slot there."""
         self._session: aiohttp.ClientSession | None = None
 
     def model(self, name: str) -> Model:
@@ -170,6 +172,7 @@ class BackendPool:
         holds beyond it (other replicas' calls), from the last scrape. Adding the engine's
         whole queue instead would count our own calls twice, and with a second's lag.
         """
+        slots = max(b.backlog.slots for b in model.backends)
         out = [
             Candidate(
                 b.name,
@@ -179,7 +182,7 @@ class BackendPool:
                 b.kv_usage,
                 b.weight,
                 rates=b.backlog.rates,
-                ahead=b.backlog.load(b.waiting, b.others + b.in_flight, b.kv_usage),
+                ahead=b.backlog.load(b.waiting, b.others + b.in_flight, b.kv_usage, slots),
             )
             for b in model.backends
             if b.name not in exclude
@@ -200,9 +203,10 @@ class BackendPool:
         ]
 
     async def aclose(self) -> None:
-        for task in self._tasks:
+        tasks = [*self._tasks, *self._confirms.values()]
+        for task in tasks:
             task.cancel()
-        for task in self._tasks:
+        for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         if self._session is not None:
@@ -328,6 +332,19 @@ class BackendPool:
         backend.backlog.scraped(capacity, backend.running, backend.waiting)
         if capacity:
             self._on_capacity(backend.name, capacity)
+        delay = backend.backlog.confirm_after(backend.waiting)
+        interval = self._settings.metrics_interval
+        if delay is not None and delay < interval and backend.name not in self._confirms:
+            self._confirms[backend.name] = asyncio.create_task(self._confirm(backend, delay))
+
+    async def _confirm(self, backend: Backend, delay: float) -> None:
+        """Scrape the backend again once the prefill queued there is done
+        (:meth:`gateway.backlog.Backlog.confirm_after`)."""
+        try:
+            await asyncio.sleep(delay)
+            await self._scrape(backend)
+        finally:
+            del self._confirms[backend.name]
 
 
 @dataclass(frozen=True, slots=True)

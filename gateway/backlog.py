@@ -71,13 +71,34 @@ class Backlog:
         self._at_peak = at_peak
         self.pending_at_scrape = len(self.pending(time.perf_counter()))
 
-    @property
-    def occupied(self) -> float:
-        """Share of its sequence slots the engine has had taken; 0 while the slot count is
-        unknown. Averaged from the first decision on, not from when the count became
-        known: it becomes known at a moment the engine is full, and an average begun then
-        would start at 1 and push every call away until it forgot that moment."""
-        return min(self.engaged / self.slots, 1.0) if self.slots else 0.0
+    def confirm_after(self, waiting: int) -> float | None:
+        """Seconds after which a second scrape can tell whether the calls the last one
+        found waiting at the peak wait for a slot; None when there is nothing to confirm.
+
+        Waiting for the next scheduler step lasts no longer than the prefill queued ahead:
+        calls still waiting once it is done wait for a slot. Confirmed at the next regular
+        scrape instead, a burst that fills the slots for less than two scrape intervals
+        would pass unseen, and the calls it queued be costed as if slots were free."""
+        if not self._at_peak or self.slots == self.peak:
+            return None
+        return self.rates.ttft(self._ours(time.perf_counter()) + self._theirs(waiting), 0)
+
+    def slots_like(self, peers: int) -> int:
+        """Its slot count, or while unknown ``peers``: the count learned on the other
+        backends of its model (same model, same cluster: most likely the same engine
+        settings), unless it has been seen running more. Unknown on one backend and known
+        on another, the first looks free of slot waits the second shows, and draws calls
+        (whole conversations' histories) that wait there just the same."""
+        if self.slots:
+            return self.slots
+        return peers if peers >= self.peak else 0
+
+    def occupied(self, slots: int) -> float:
+        """Share of its ``slots`` the engine has had taken; 0 while the count is unknown.
+        Averaged from the first decision on, not from when the count became known: it
+        becomes known at a moment the engine is full, and an average begun then would
+        start at 1 and push every call away until it forgot that moment."""
+        return min(self.engaged / slots, 1.0) if slots else 0.0
 
     def admit(self, call: Call) -> None:
         tokens = self._kv_of(call)
@@ -95,21 +116,21 @@ class Backlog:
         """Our calls whose prompt is not prefilled yet."""
         return [c for c in self._calls.values() if prefilling(c, now)]
 
-    def slot_wait(self, now: float, others: int) -> float:
-        """Seconds until a call sent now gets a sequence slot: ours end when their answers
+    def slot_wait(self, now: float, others: int, slots: int) -> float:
+        """Seconds until a call sent now gets one of ``slots``: ours end when their answers
         are out at the learned decode pace; ``others`` (other replicas' sequences) are
         taken as halfway through a typical call."""
-        if not self.slots:
+        if not slots:
             return 0.0
         rates = self.rates
         typical = rates.hold(rates.uncached_per_call, rates.completion_per_call)
         calls = list(self._calls.values())
-        admitted = max(self.slots - others, 0)
-        running = [typical / 2] * min(others, self.slots)
+        admitted = max(slots - others, 0)
+        running = [typical / 2] * min(others, slots)
         running += [self._left(c, now) for c in calls[:admitted]]
-        waiting = [typical] * max(others - self.slots, 0)
+        waiting = [typical] * max(others - slots, 0)
         waiting += [rates.hold(self._uncached(c), self._answer(c)) for c in calls[admitted:]]
-        return slot_wait(running, waiting, self.slots)
+        return slot_wait(running, waiting, slots)
 
     def _left(self, call: Call, now: float) -> float:
         """Seconds until the call ends: its first token (seen, or when expected) plus its
@@ -123,13 +144,12 @@ class Backlog:
                 start = max(start, now)  # late: not begun yet
         return max(start + self.rates.per_output * self._answer(call) - now, 0.0)
 
-    def load(self, waiting: int, running: int, kv_usage: float) -> Load:
+    def load(self, waiting: int, running: int, kv_usage: float, peer_slots: int = 0) -> Load:
         """What a call routed now finds here; ``waiting``, ``running`` and ``kv_usage`` are
-        the engine's from the last scrape (``running`` counts ours)."""
+        the engine's from the last scrape (``running`` counts ours), ``peer_slots`` the
+        slot count its model's other backends showed (:meth:`slots_like`)."""
         now = time.perf_counter()
-        pending = self.pending(now)
-        ours = sum(c.route.uncached_tokens for c in pending if c.route is not None)
-        theirs = max(waiting - self.pending_at_scrape, 0) * self.rates.uncached_per_call
+        ours, theirs = self._ours(now), self._theirs(waiting)
         self.busy = blend(self.busy, ours > 0, self._sampled)
         capacity = self.capacity_tokens or UNKNOWN_CAPACITY_TOKENS
         free = max(min(capacity - self.kv_tokens, capacity * (1 - kv_usage)), 0.0)
@@ -137,14 +157,24 @@ class Backlog:
         engaged = len(self._calls) + others
         self.engaged = blend(self.engaged, min(engaged, self.peak or engaged), self._sampled)
         self._sampled += 1
+        slots = self.slots_like(peer_slots)
         return Load(
             queued_tokens=ours + theirs,
             running=max(running, len(self._held)),
-            slot_wait=self.slot_wait(now, others),
-            utilization=max(self.busy, self.occupied, 1 - free / capacity),
+            slot_wait=self.slot_wait(now, others, slots),
+            utilization=max(self.busy, self.occupied(slots), 1 - free / capacity),
             free_tokens=free,
             full=min(self.written_tokens / capacity, 1.0),
         )
+
+    def _ours(self, now: float) -> float:
+        """Prompt tokens our calls there still have to have prefilled."""
+        return sum(self._uncached(c) for c in self.pending(now))
+
+    def _theirs(self, waiting: int) -> float:
+        """Prompt tokens other replicas' calls have waiting there: of the ``waiting`` the
+        engine reported, those not ours, at a typical call's."""
+        return max(waiting - self.pending_at_scrape, 0) * self.rates.uncached_per_call
 
     def _kv_of(self, call: Call) -> float:
         """The call's own KV blocks: what it prefills and answers (the prefix it found

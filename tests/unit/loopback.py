@@ -4,6 +4,7 @@ HTTP/1.1 to answer (or not) the gateway's real upstream client."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -29,16 +30,21 @@ class Backend:
     closed: asyncio.Event = field(default_factory=asyncio.Event)
     """Set when the gateway closed a connection that was waiting for its answer: what
     makes vLLM abort the request."""
+    metrics: bytes = b""
+    """What GET /metrics answers, as vLLM's Prometheus text."""
+    scrapes: list[float] = field(default_factory=list)
+    """When each GET /metrics arrived (monotonic)."""
 
 
-async def read_request(reader: asyncio.StreamReader) -> bytes:
+async def read_request(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
+    """(request line, body)."""
     head = await reader.readuntil(b"\r\n\r\n")
     length = next(
         (int(line.split(b":")[1]) for line in head.split(b"\r\n")
          if line.lower().startswith(b"content-length:")),
         0,
     )  # fmt: skip
-    return await reader.readexactly(length)
+    return head.partition(b"\r\n")[0], await reader.readexactly(length)
 
 
 def response(status: int, body: bytes, content_type: bytes) -> bytes:
@@ -62,7 +68,12 @@ def handler(backend: Backend) -> Handler:
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             while True:
-                body = await read_request(reader)
+                line, body = await read_request(reader)
+                if line.startswith(b"GET /metrics"):
+                    backend.scrapes.append(time.monotonic())
+                    writer.write(response(200, backend.metrics, b"text/plain"))
+                    await writer.drain()
+                    continue
                 backend.requests += 1
                 backend.received.set()
                 if backend.behaviour == "hang":

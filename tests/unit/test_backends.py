@@ -5,6 +5,7 @@ from prometheus_client import CollectorRegistry
 
 from gateway.backends import BackendPool, EngineLoad, parse_scrape
 from gateway.errors import BackendUnavailable
+from gateway.flow import Call, Request, Route
 from gateway.metrics import GatewayMetrics
 from gateway.settings import load_settings
 from tests.unit import loopback
@@ -155,6 +156,47 @@ async def test_a_probe_left_unanswered_while_calls_are_answered_does_not_eject()
             assert metrics.ejections.labels("b0", "probe")._value.get() == 2
         finally:
             await pool.aclose()
+
+
+async def test_calls_waiting_at_the_peak_are_scraped_again_before_the_interval_ends() -> None:
+    """A burst that fills the slots for less than two scrape intervals would otherwise
+    pass unseen: the second look comes once the prefill queued there is done."""
+    full = b"vllm:num_requests_running 2\nvllm:num_requests_waiting 1\n"
+    async with loopback.backends("ok", "ok") as (saturated, idle):
+        saturated.metrics = full
+        idle.metrics = b"vllm:num_requests_running 2\nvllm:num_requests_waiting 0\n"
+        pool, _ = pool_of([saturated.url, idle.url], metrics_interval=30)
+        await pool.start()
+        try:
+            b0 = pool.backends["b0"]
+            for _ in range(100):
+                if b0.backlog.slots:
+                    break
+                await asyncio.sleep(0.01)
+            assert b0.backlog.slots == 2
+            assert len(saturated.scrapes) == 2
+            assert saturated.scrapes[1] - saturated.scrapes[0] < 1.0
+            assert len(idle.scrapes) == 1  # nothing waiting there: nothing to confirm
+        finally:
+            await pool.aclose()
+
+
+def test_a_backend_whose_slots_are_unknown_is_costed_at_its_peers() -> None:
+    pool, _ = pool_of(["http://127.0.0.1:1", "http://127.0.0.1:2"])
+    b0, b1 = pool.backends["b0"], pool.backends["b1"]
+    for _ in range(2):
+        b0.backlog.scraped(None, running=1, waiting=1)
+    assert (b0.backlog.slots, b1.backlog.slots) == (1, 0)
+    b1.backlog.rates.per_output = 0.1
+    c = Call(id="c", path="/v1/chat/completions")
+    c.request = Request(endpoint="chat", model="m", body={}, stream=True, max_tokens=10)
+    c.route = Route(backend="b1", uncached_tokens=0, expected_ttft=0.1)
+    c.dispatched_at = c.first_byte_at = c.received_at
+    b1.backlog.admit(c)
+    b1.in_flight = 1
+    ahead = {cand.name: cand.ahead for cand in pool.candidates(pool.model("m"), set())}
+    assert ahead["b1"].slot_wait == pytest.approx(1.0, abs=0.05)  # its one slot is taken
+    assert ahead["b0"].slot_wait == 0.0
 
 
 def test_kv_capacity_is_blocks_times_block_size_summed_over_engines() -> None:

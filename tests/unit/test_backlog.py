@@ -85,6 +85,45 @@ def test_the_slot_count_is_the_peak_running_once_calls_waited_at_it_twice_in_a_r
     assert backlog.slots == 5
 
 
+def test_calls_seen_waiting_at_the_peak_are_looked_at_again_once_the_queued_prefill_is_done() -> (
+    None
+):
+    """Waiting for the next scheduler step ends once the prefill queued ahead is done: a
+    second scrape then tells a slot limit apart, well before the next regular one."""
+    backlog = Backlog()
+    backlog.admit(call(1, 300))  # ours, not prefilled yet
+    assert backlog.confirm_after(waiting=0) is None  # nothing seen waiting
+    backlog.scraped(None, running=3, waiting=3)  # ours and two of other replicas'
+    rates = backlog.rates
+    expected = rates.ttft(300 + 2 * rates.uncached_per_call, 0)
+    assert backlog.confirm_after(waiting=3) == pytest.approx(expected)
+    backlog.scraped(None, running=3, waiting=1)
+    assert backlog.slots == 3
+    assert backlog.confirm_after(waiting=1) is None  # confirmed: nothing left to ask
+    backlog.scraped(None, running=2, waiting=1)
+    assert backlog.confirm_after(waiting=1) is None  # not at the peak: no evidence
+
+
+def test_slots_unknown_are_taken_as_the_peers_unless_seen_running_more() -> None:
+    """Unknown on one backend and known on its peer, the first would look free of the
+    waits the second shows, and draw whole conversations that wait there just the same."""
+    backlog = Backlog()
+    backlog.rates.per_output = 0.1
+    for i in (1, 2):
+        c = call(i, 0)
+        c.first_byte_at = c.dispatched_at
+        backlog.admit(c)
+    assert backlog.load(waiting=0, running=2, kv_usage=0.0).slot_wait == 0.0
+    like = backlog.load(waiting=0, running=2, kv_usage=0.0, peer_slots=2)
+    assert like.slot_wait == pytest.approx(1.0, abs=0.05)  # 10 tokens at 0.1 s each
+    backlog.scraped(None, running=3, waiting=0)  # it ran three: it has more than two
+    assert backlog.slots_like(2) == 0
+    assert backlog.slots_like(4) == 4
+    backlog.scraped(None, running=3, waiting=1)
+    backlog.scraped(None, running=3, waiting=1)
+    assert backlog.slots_like(8) == 3  # its own count, once learned, is what counts
+
+
 def test_a_cold_start_scrape_during_a_long_prefill_does_not_cap_the_slots() -> None:
     """Two running and calls waiting behind one long prefill step, then the engine runs
     them all: the backend never looked full at two."""
