@@ -12,7 +12,8 @@ backend
 with the three coefficients and the time per generated token learned from what the
 backend did (:class:`Rates`), so a slow backend, a GPU or a CPU need no setting; the slot
 wait comes from when the sequences in front of the call will end (:func:`slot_wait`).
-A placement also delays the calls that queue behind its prefill, and a call that starts a
+A placement also delays the calls that queue behind its prefill and the answers running
+beside it, and a call that starts a
 conversation decides where the later ones go (:class:`Streams` counts how many follow, how
 often, and how much cache the live ones want on each backend); :func:`cost` adds both,
 in seconds.
@@ -78,6 +79,10 @@ class Rates:
     per_output: float = PRIOR_PER_OUTPUT
     """Seconds between a sequence's generated tokens there (its decode step)."""
     decodes: int = 0
+    slot_error: float = 0.0
+    """Typical error, in seconds, of the TTFT predicted for a call expected to wait for a
+    sequence slot: the slot-wait forecast's own (when running answers will end)."""
+    slot_waits: int = 0
     reports: int = 0
     observations: int = 0
     _xx: list[list[float]] = field(default_factory=lambda: [[0.0] * 3 for _ in range(3)])
@@ -91,6 +96,12 @@ class Rates:
         """Seconds a call holds its sequence slot once admitted: its prefill, then its
         answer at the backend's decode pace."""
         return self.overhead + self.per_token * uncached + self.per_output * completion
+
+    def waited(self, predicted: float, seconds: float) -> None:
+        """A call expected to wait for a slot waited ``seconds`` for its first byte, where
+        ``predicted`` said."""
+        self.slot_error = blend(self.slot_error, abs(seconds - predicted), self.slot_waits)
+        self.slot_waits += 1
 
     def decoded(self, seconds_per_token: float) -> None:
         """A streamed answer's time between its first and last token, per token."""
@@ -343,25 +354,27 @@ def cost(
     later_calls: float,
     footprint: float,
     wanted: float,
-    *,
-    starts: bool = True,
 ) -> float:
-    """Seconds this placement costs: this call's TTFT there, the delay its prefill adds to
-    the calls that queue behind it and the prefill of what it evicts (once the cache is
-    full each token written evicts one, reused as often as the backend's cache serves
-    prompts: its cached share), then for each of ``later_calls`` its own time to first
-    token there (a typical call's, queueing included) and the prefill of its stream's
-    ``footprint`` (what it will want cached) in the share the cache cannot keep, with the
-    other live streams there wanting ``wanted``. The later calls' own TTFT is the same
-    everywhere on alike backends; on a slower one it is what keeps conversations from
-    starting there more than its speed warrants (a conversation that starts there and
-    leaves for a faster one at its next turn prefills its history twice).
+    """Seconds this placement costs: this call's TTFT there (the wait for a sequence slot
+    included), the delay its prefill adds to the calls that queue behind it and to the
+    sequences running there (the steps that prefill it decode them that much later, so
+    each answer there ends, and frees its slot, that much later), and the prefill of what
+    it evicts (once the cache is full each token written evicts one, reused as often as
+    the backend's cache serves prompts: its cached share); then for each of
+    ``later_calls`` its own time to first token there (a typical call's, queueing
+    included) and the prefill of its stream's ``footprint`` (what it will want cached) in
+    the share the cache cannot keep, with the other live streams there wanting
+    ``wanted``. The later calls' own TTFT is the same everywhere on alike backends; on a
+    slower one it is what keeps conversations from starting there more than its speed
+    warrants (a conversation that starts there and leaves for a faster one at its next
+    turn prefills its history twice).
 
-    The wait for a sequence slot counts for a call that ``starts`` a conversation (or
-    stands alone), not for its later turns: a turn that left its conversation's backend
-    for a shorter estimated wait would prefill the whole history again, and the estimate
-    (when running answers will end) moves faster than the turns come; the crowding of the
-    slots still weighs on every prefill through the utilization.
+    The slot wait counts for every call, a conversation's later turns too: a turn whose
+    backend is full for longer than its history takes to prefill elsewhere is served
+    sooner elsewhere. What keeps such moves from costing more than they save is the
+    prefill's toll on the sequences running where it lands: among backends all about as
+    full, a history prefilled again holds up every answer beside it, and the move would
+    only trade places in the queues.
 
     Queueing is M/M/1's: at utilization ``u`` a call with work of mean ``s`` ahead of it
     and its own takes ``s / (1 - u)``, and work added now delays ``u / (1 - u)`` calls
@@ -373,10 +386,8 @@ def cost(
     crowd = crowding(load)
     prefill = rates.per_token * uncached
     evicts = load.full * rates.hit_share
-    ahead = rates.ttft(load.queued_tokens, load.running)
-    if starts:
-        ahead += load.slot_wait
-    now = ahead + prefill * (1.0 + crowd + evicts)
+    ahead = rates.ttft(load.queued_tokens, load.running) + load.slot_wait
+    now = ahead + prefill * (1.0 + crowd + evicts + load.running)
     if later_calls <= 0:
         return now
     lost = evicted(load.free_tokens, wanted + footprint)

@@ -162,9 +162,11 @@ def time_rates(call: Call, key: PrefixKey, route: Route, u: Usage, rates: Rates)
     rates.served(cached, prefilled, u.completion_tokens)
     if call.first_byte_at is None or call.dispatched_at is None:
         return
+    waited = call.first_byte_at - call.dispatched_at
     if route.slot_wait == 0:
-        waited = call.first_byte_at - call.dispatched_at
         rates.observe(route.queued_tokens + prefilled, route.running, waited)
+    else:
+        rates.waited(route.expected_ttft, waited)
     if call.done_at is not None and u.completion_tokens > 1:
         rates.decoded((call.done_at - call.first_byte_at) / (u.completion_tokens - 1))
 

@@ -3,10 +3,11 @@
 Functions of their inputs and a little memory (round robin's turn, the cost model's
 placements and stream statistics), so every rule is a unit test away. The cache-aware
 policy places each call where it costs least (:func:`gateway.stages.costs.cost`): its
-own time to first token there (the prefill queued ahead plus the tokens that backend does
-not hold, at that backend's learned rates) and the delay its prefill adds to the calls
-behind it; and, for a call that starts a conversation, what its later calls will meet
-there: queueing, and a cache that may turn over before they come. No thresholds: a held
+own time to first token there (the wait for a sequence slot, then the prefill queued
+ahead plus the tokens that backend does not hold, at that backend's learned rates) and
+the delay its prefill adds to the calls behind it and the answers running there; and,
+for a call that starts a conversation, what its later calls will meet there: queueing,
+and a cache that may turn over before they come. No thresholds: a held
 prefix keeps a call exactly as long as the prefill it saves outweighs the queue, and a
 prefix every conversation shares (an agent's system prompt) is copied to another backend
 as soon as the first one's load costs new conversations more than one prefill there.
@@ -151,7 +152,6 @@ class CacheAware:
                 later,
                 footprint[c.name],
                 streams.footprint(c.name),
-                starts=starts,
             )
             for c in healthy
         }
@@ -202,7 +202,7 @@ class CacheAware:
             extra = costs[pinned.name] - least
             if matches.get(pinned.name, 0) == top and extra <= pinned.rates.ttft(key.tokens, 0):
                 return pinned, pin[1]
-        band = TIE_ERRORS * max(c.rates.error for c in healthy)
+        band = TIE_ERRORS * max(error(c, starts) for c in healthy)
         tied = [c for c in healthy if costs[c.name] <= least + band]
         most = max(matches.get(c.name, 0) for c in tied)
         tied = [c for c in tied if matches.get(c.name, 0) == most]
@@ -272,6 +272,17 @@ class RoundRobin:
         self._turn[model] = turn + 1
         pick = healthy[turn % len(healthy)]
         return route(key, matches, pick, outcome(matches, pick))
+
+
+def error(c: Candidate, starts: bool) -> float:
+    """The error of the call's estimated cost there. For a later turn where it would wait
+    for a slot, the slot-wait forecast's per-call error adds to the rates': leaving its
+    history's backend costs a sure prefill for a saving the forecast only promises, and a
+    saving within the forecast's error is noise that moves conversations (each move a
+    prefill of the history, capacity the cluster no longer has for anyone)."""
+    if starts or not c.ahead.slot_wait:
+        return c.rates.error
+    return c.rates.error + c.rates.slot_error
 
 
 def healthy_only(candidates: Sequence[Candidate]) -> list[Candidate]:

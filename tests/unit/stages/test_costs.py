@@ -191,10 +191,19 @@ def test_calls_queued_ahead_take_the_slots_that_free_first() -> None:
     assert slot_wait([1.0, 2.0], [4.0, 0.5], slots=2) == 2.5
 
 
-def test_the_slot_wait_weighs_where_a_conversation_starts_not_its_later_turns() -> None:
-    full = Load(slot_wait=1.5)
-    assert cost(Rates(), full, 100, 0, 0, 0) - cost(Rates(), Load(), 100, 0, 0, 0) == 1.5
-    assert cost(Rates(), full, 100, 0, 0, 0, starts=False) == cost(Rates(), Load(), 100, 0, 0, 0)
+def test_the_slot_wait_weighs_on_every_call() -> None:
+    assert (
+        cost(Rates(), Load(slot_wait=1.5), 100, 0, 0, 0) - cost(Rates(), Load(), 100, 0, 0, 0)
+        == 1.5
+    )
+
+
+def test_a_prefill_holds_up_every_answer_running_beside_it() -> None:
+    """Each step that prefills it decodes the running sequences that much later."""
+    rates = Rates()
+    idle, busy = cost(rates, Load(), 100, 0, 0, 0), cost(rates, Load(running=8), 100, 0, 0, 0)
+    assert busy - idle == pytest.approx(rates.per_running * 8 + rates.per_token * 100 * 8)
+    assert cost(rates, Load(running=8), 0, 0, 0, 0) == rates.ttft(0, 8)  # nothing to prefill
 
 
 def test_the_decode_pace_is_learned_and_sets_how_long_a_call_holds_its_slot() -> None:
@@ -218,3 +227,16 @@ def test_only_a_call_expected_to_find_a_slot_teaches_the_ttft_fit() -> None:
         time_rates(c, key, c.route, usage, rates)
         assert rates.observations == taught
     assert rates.reports == 2  # what it prefilled counts either way
+
+
+def test_a_call_that_waited_for_a_slot_teaches_the_forecasts_error() -> None:
+    rates = Rates()
+    key = PrefixKey(tokens=200, hashes=[1], block_size=16)
+    usage = Usage(prompt_tokens=200, cached_tokens=0, completion_tokens=1)
+    for first_byte, error in ((10.5, 0.3), (11.0, (0.3 + 0.2) / 2)):
+        c = Call(id="c", path="/v1/chat/completions")
+        c.route = Route(backend="b", slot_wait=0.6, expected_ttft=0.8)
+        c.dispatched_at, c.first_byte_at = 10.0, first_byte
+        time_rates(c, key, c.route, usage, rates)
+        assert rates.slot_error == pytest.approx(error)
+    assert (rates.slot_waits, rates.observations) == (2, 0)

@@ -462,15 +462,16 @@ def test_a_later_turn_whose_costs_tie_stays_with_its_history() -> None:
 def test_a_turn_whose_stream_was_forgotten_still_continues_where_its_history_is() -> None:
     """Its conversation was silent for longer than streams remember (three mean gaps), so
     nothing says where it lives but the index: b0 holds its history beyond its opening.
-    A later turn does not weigh the wait for a sequence slot (a start does), so it stays
-    with its history rather than prefill it again on b1."""
+    A later turn leaves its history for a shorter slot wait only by more than the wait
+    forecast's error (a start follows the forecast), so it stays rather than prefill its
+    history again on b1."""
     clock = Clock()
     policy = CacheAware(RoutingSettings(), clock)
     for _ in range(3):  # a stream's calls 1 s apart
         clock.now += 1.0
         policy.choose("m", key(2, anchor=5), {}, queued(0, 0))
     full = [
-        Candidate("b0", True, 8, ahead=Load(slot_wait=1.0)),
+        Candidate("b0", True, 8, rates=Rates(slot_error=0.5), ahead=Load(slot_wait=1.0)),
         Candidate("b1", True, 2, ahead=Load()),
     ]
     opened = PrefixKey(tokens=40 * B, hashes=list(range(40)), block_size=B, anchor=7, opening=4 * B)
@@ -496,7 +497,7 @@ def test_a_backend_not_yet_timed_is_costed_at_the_timed_ones_rates() -> None:
     assert (route.backend, route.decision) == ("b0", "hit")
 
 
-def test_a_new_conversation_avoids_full_slots_and_its_later_turns_stay_home(
+def test_a_call_avoids_full_slots_a_later_turn_only_beyond_the_forecasts_error(
     policy: CacheAware,
 ) -> None:
     full = [
@@ -506,10 +507,17 @@ def test_a_new_conversation_avoids_full_slots_and_its_later_turns_stay_home(
     start = policy.choose("m", key(4, anchor=7), {"b0": 4, "b1": 4}, full)
     assert start.backend == "b1"
     assert start.expected_ttft == pytest.approx(Rates().ttft(0, 0))
+    # Its next turn: home (b1) now full for a second, against a prefill of 36 blocks.
+    history = Rates().ttft(36 * B, 0)
+    assert history < 1.0
     held = [
         Candidate("b0", True, 2, ahead=Load()),
         Candidate("b1", True, 8, ahead=Load(slot_wait=1.0)),
     ]
-    later = policy.choose("m", key(40, anchor=7), {"b0": 4, "b1": 40}, held)
-    assert later.backend == "b1"
-    assert later.slot_wait == 1.0
+    moved = policy.choose("m", key(40, anchor=7), {"b0": 4, "b1": 40}, held)
+    assert (moved.backend, moved.slot_wait) == ("b0", 0.0)
+    # The same wait from a forecast that misses by half a second on a call is no saving.
+    unsure = Rates(slot_error=0.5)
+    held[1] = Candidate("b1", True, 8, rates=unsure, ahead=Load(slot_wait=1.0))
+    later = policy.choose("m", key(41, anchor=7), {"b0": 4, "b1": 41}, held)
+    assert (later.backend, later.slot_wait) == ("b1", 1.0)
