@@ -13,10 +13,9 @@ with the three coefficients and the time per generated token learned from what t
 backend did (:class:`Rates`), so a slow backend, a GPU or a CPU need no setting; the slot
 wait comes from when the sequences in front of the call will end (:func:`slot_wait`).
 A placement also delays the calls that queue behind its prefill and the answers running
-beside it, and a call that starts a
-conversation decides where the later ones go (:class:`Streams` counts how many follow, how
-often, and how much cache the live ones want on each backend); :func:`cost` adds both,
-in seconds.
+beside it, and a call that starts a conversation decides where the later ones go
+(:class:`Streams` counts how many follow, how often, and how much cache the live ones
+want on each backend); :func:`cost` adds both, in seconds.
 """
 
 from __future__ import annotations

@@ -7,10 +7,10 @@ own time to first token there (the wait for a sequence slot, then the prefill qu
 ahead plus the tokens that backend does not hold, at that backend's learned rates) and
 the delay its prefill adds to the calls behind it and the answers running there; and,
 for a call that starts a conversation, what its later calls will meet there: queueing,
-and a cache that may turn over before they come. No thresholds: a held
-prefix keeps a call exactly as long as the prefill it saves outweighs the queue, and a
-prefix every conversation shares (an agent's system prompt) is copied to another backend
-as soon as the first one's load costs new conversations more than one prefill there.
+and a cache that may turn over before they come. No thresholds: a held prefix keeps a
+call exactly as long as the prefill it saves outweighs the queue, and a prefix every
+conversation shares (an agent's system prompt) is copied to another backend as soon as
+the first one's load costs new conversations more than one prefill there.
 That prefill is weighed against more than the call that pays it: the calls that share
 the prefix next could use the copy too, and once the holders are the more loaded over
 time (not at this moment), what a copy saves them outweighs one prefill
