@@ -178,13 +178,16 @@ class Call:
     done_at: float | None = None  # stages.relay (a stream's), pipeline
     status: int = 200  # pipeline.failed, stages.relay (a stream that broke off), app
     error_type: str | None = None  # as status
-    disconnected: bool = False  # stages.forward (ClientWatch), stages.relay
+    disconnected: bool = False  # stages.forward (AnswerWait), stages.relay
     """The client went away before the answer was complete."""
     served_by: Literal["upstream", "coalesced", "batched", "held"] = "upstream"  # batching
     usage: Usage | None = None  # pipeline: from stages.usage or stages.sse, or estimated
     cost: Cost | None = None  # pipeline.finish (the price step)
     reply: str = ""  # pipeline: from stages.usage or stages.sse
     """The answer's text (first choice): the next turn's prefix, for the index."""
+    reply_share: float = 1.0  # as reply
+    """The share of the answer ``reply`` holds: below 1 for a long stream read only to
+    estimate its usage should none come (stages.sse, ``keep_text``)."""
 
     @property
     def model(self) -> str | None:

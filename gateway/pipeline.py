@@ -24,7 +24,7 @@ from gateway.backends import Backend
 from gateway.errors import GatewayError, InternalError, ShuttingDown
 from gateway.flow import Call, Endpoint, Usage
 from gateway.services import Services
-from gateway.stages import auth, dispatch, forward, limits, parse, usage
+from gateway.stages import auth, dispatch, forward, limits, parse, prefix, usage
 from gateway.stages.relay import StreamRelay
 from gateway.stages.sse import EventScanner
 
@@ -40,7 +40,7 @@ async def handle(
     """Take a call from its raw body to the response the client gets.
 
     ``receive`` is the client connection's ASGI receive: while the call waits for its
-    answer to begin, a client that disconnects cuts the wait (forward.ClientWatch).
+    answer to begin, a client that disconnects cuts the wait (forward.AnswerWait).
     """
     try:
         backend, answer = await send(call, body, endpoint, svc, receive)
@@ -69,7 +69,7 @@ async def handle(
     call.done_at = time.perf_counter()
     call.usage, call.reply = usage.from_body(raw)
     headers[OVERHEAD_HEADER] = milliseconds(finish(call, svc))
-    return with_quota(call, Response(raw, media_type="application/json", headers=headers))
+    return with_quota(call, Whole(raw, headers))
 
 
 async def send(
@@ -97,6 +97,30 @@ async def send(
         )
 
 
+JSON = b"application/json"
+SSE = b"text/event-stream; charset=utf-8"
+
+
+class Whole(Response):
+    """A whole JSON answer."""
+
+    def __init__(self, body: bytes, headers: dict[str, str]) -> None:
+        self.body = body
+        self.status_code = 200
+        self.background = None
+        self.raw_headers = [(b"content-length", b"%d" % len(body)), *encoded(JSON, headers)]
+
+
+def encoded(content_type: bytes, headers: dict[str, str]) -> list[tuple[bytes, bytes]]:
+    """An answer's headers: the gateway's own and the backend's passed ones (lower-case
+    names, latin-1 values), encoded as they are, without the checks of Starlette's
+    generic encoding of a header dict: every call pays for them."""
+    return [
+        (b"content-type", content_type),
+        *[(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()],
+    ]
+
+
 class Stream(StreamRelay):
     """A streamed answer: relayed to the client, then what the relay's scanner found
     becomes the call's usage and reply, then the call's end (``finish``), in that order."""
@@ -104,16 +128,23 @@ class Stream(StreamRelay):
     def __init__(self, call: Call, answer: Answer, svc: Services, headers: dict[str, str]):
         request = call.request
         assert request is not None
-        scanner = EventScanner(not request.include_usage, request.endpoint == "responses")
-        super().__init__(call, answer, scanner, headers)
+        scanner = EventScanner(
+            not request.include_usage,
+            watch_tokens=request.endpoint == "responses",
+            keep_text=prefix.learns_reply(request, call.prefix),
+        )
+        super().__init__(call, answer, scanner, encoded(SSE, headers), svc.upstream.watched)
         self.svc = svc
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
-            self.call.usage, self.call.reply = self.scanner.usage, self.scanner.reply()
-            finish(self.call, self.svc)
+            call, scanner = self.call, self.scanner
+            call.usage = scanner.usage
+            if scanner.keep_text or call.usage is None:  # else no one reads it
+                call.reply, call.reply_share = scanner.reply(), scanner.reply_share
+            finish(call, self.svc)
 
 
 def finish(call: Call, svc: Services) -> float | None:
@@ -155,9 +186,10 @@ def estimate_usage(call: Call, svc: Services) -> Usage | None:
         return None
     assert call.request is not None
     encoding = svc.backends.model(call.request.model).encoding
+    counted = svc.prefix.count_tokens(call.reply, encoding) if call.reply else 0
     return Usage(
         prompt_tokens=call.prefix.tokens if call.prefix else 0,
-        completion_tokens=svc.prefix.count_tokens(call.reply, encoding) if call.reply else 0,
+        completion_tokens=round(counted / call.reply_share),
         estimated=True,
     )
 

@@ -119,6 +119,12 @@ class PrefixHasher:
         return array.array("I", self.encoding(encoding).encode_ordinary(text)).tobytes()
 
 
+def learns_reply(request: Request, key: PrefixKey | None) -> bool:
+    """Whether the call's reply will be hashed as its next turn's prefix (``reply_key``,
+    at the call's end): a chat whose prompt the index knows."""
+    return request.endpoint in CHATS and key is not None and bool(key.hashes)
+
+
 class PieceCache:
     """Tokenized pieces of prompt text, least recently used first out, within a byte budget.
 

@@ -35,8 +35,16 @@ class EventScanner:
     ~250 bytes for a token or two of text, so a long stream held as events would cost
     about a hundred times its reply for as long as it is open."""
 
-    def __init__(self, strip_usage: bool, watch_tokens: bool = False) -> None:
+    def __init__(
+        self, strip_usage: bool, watch_tokens: bool = False, keep_text: bool = True
+    ) -> None:
         self.strip_usage = strip_usage
+        self.keep_text = keep_text
+        """The whole reply's text is wanted (to learn the next turn's prefix): events are
+        reduced to text as they pile up. Otherwise they pass unread, and only the last
+        ``RAW_KEPT`` bytes or fewer of them stay, to estimate the reply from should its usage never
+        come: reading every event's text costs more than relaying it (a scan of every
+        byte in Python's regular expressions, against a copy in the kernel)."""
         self.token_seen = not watch_tokens
         """An event carrying output has passed (only looked for when ``watch_tokens``)."""
         self.ended = False
@@ -47,6 +55,8 @@ class EventScanner:
         """Events passed to the client not yet reduced to text (see ``reply``), as the
         pieces they were passed in."""
         self._held = 0
+        self._passed = 0
+        """Bytes of events passed unread and forgotten (``keep_text`` off)."""
         self._text: list[str] = []
         self._buf = b""
 
@@ -64,15 +74,33 @@ class EventScanner:
         self.delivered.append(out)
         self._held += len(out)
         if self._held > self.RAW_KEPT:
-            self._text.append(self._delivered_text())
-            self.delivered.clear()
-            self._held = 0
+            self._reduce()
         return out
 
     def reply(self) -> str:
         """The text delivered so far: to count tokens if usage never arrives, and to learn
-        the next turn's prefix."""
+        the next turn's prefix. Without ``keep_text``, only that of the last events kept
+        (``reply_share`` of them)."""
         return "".join(self._text) + self._delivered_text()
+
+    @property
+    def reply_share(self) -> float:
+        """The share of the events delivered whose text ``reply`` holds (by their bytes)."""
+        return self._held / (self._held + self._passed) if self._passed else 1.0
+
+    def _reduce(self) -> None:
+        """Bound what an open stream holds: its events so far as their text, or without
+        ``keep_text`` only the last ``RAW_KEPT / 2`` bytes or so of whole events."""
+        if self.keep_text:
+            self._text.append(self._delivered_text())
+            self.delivered.clear()
+            self._held = 0
+            return
+        held = b"".join(self.delivered)  # down to half: copied once per half held
+        cut = usage_stage.event_start(held, len(held) - self.RAW_KEPT // 2)
+        self.delivered = [held[cut:]]
+        self._passed += cut
+        self._held -= cut
 
     def tail(self) -> bytes:
         """Whatever followed the last complete event (normally nothing)."""

@@ -34,6 +34,7 @@ from gateway.limits.memory import MemoryLimiter
 from gateway.metrics import GatewayMetrics
 from gateway.services import Services
 from gateway.settings import load_settings
+from gateway.stages.forward import ClientWatch
 from gateway.stages.limits import Plans
 from gateway.stages.prefix import PrefixHasher
 from gateway.stages.routing import make_policy
@@ -76,6 +77,8 @@ class Upstream:
 
     def watch(self, call: Call, receive: object) -> contextlib.nullcontext[None]:
         return contextlib.nullcontext()
+
+    watched: set[ClientWatch] = set()  # never swept: these clients stay
 
     async def send(self, call: Call, backend: Backend, body: bytes) -> Answer:
         answer = self.answers.pop(0)
@@ -258,6 +261,29 @@ async def test_a_stream_that_breaks_off_is_counted_by_the_gateway_and_against_th
     assert call.usage.prompt_tokens == call.prefix.tokens
     backend = svc.backends.backends["b0"]
     assert (backend.in_flight, backend.failures) == (0, 1)
+
+
+@pytest.mark.parametrize("prompt", [PROMPT, "hi"])
+async def test_a_long_stream_that_breaks_off_is_estimated_whole_whether_or_not_it_was_read(
+    steps: list[str], prompt: str
+) -> None:
+    """A reply the index learns from (a prompt it knows) is read whole; one it does not
+    (a prompt shorter than a block) passes unread but for its last events, and the count
+    of those scales to the whole by their share of the stream."""
+    broken = FakeUpstream()
+    event = b'data: {"choices":[{"index":0,"delta":{"content":" word"}}]}\n\n'
+    for _ in range(2000):
+        broken.queue.put_nowait(event)
+    broken.queue.put_nowait(BadGateway("backend b0 broke off its answer"))
+    svc = services(steps, broken)
+    raw = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": prompt}],
+                        "stream": True})  # fmt: skip
+    await relay(await handle(svc, raw))
+    [(call, _)] = svc.ledger.rows
+    assert call.usage is not None
+    assert call.usage.estimated
+    assert call.usage.completion_tokens == 2000  # " word" is one token
+    assert (call.reply_share == 1.0) == (prompt == PROMPT)
 
 
 async def test_a_backend_error_is_raised_and_accounted_once_without_usage(

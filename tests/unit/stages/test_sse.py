@@ -2,6 +2,7 @@ import json
 from pathlib import Path
 
 import orjson
+import pytest
 
 from gateway.flow import Usage
 from gateway.stages.sse import EventScanner
@@ -56,6 +57,32 @@ def test_a_long_stream_holds_its_reply_as_text_not_as_events() -> None:
         scanner.feed(b"data: " + event + b"\n\n")
         assert sum(map(len, scanner.delivered)) <= EventScanner.RAW_KEPT
     assert scanner.reply() == "".join(words)
+
+
+def test_a_long_stream_nobody_learns_from_keeps_only_its_last_events() -> None:
+    """Passed unread; the last events kept are whole, and say what share of the reply
+    they hold, so a usage estimated from them scales to the whole."""
+    scanner = EventScanner(strip_usage=True, keep_text=False)
+    events = []
+    for i in range(5000):
+        event = orjson.dumps({"id": "c", "choices": [{"index": 0, "delta": {"content": "w "}}]})
+        events.append(b"data: " + event + b"\n\n")
+        if i % 3 == 0:  # pieces of one and of several events
+            scanner.feed(b"".join(events[-3:] if i else events))
+        assert sum(map(len, scanner.delivered)) <= EventScanner.RAW_KEPT + len(events[-1]) * 3
+    text = scanner.reply()
+    assert 0 < len(text) < 2 * 5000
+    assert text == "w " * (len(text) // 2)  # whole events only
+    fed = len(b"".join(events[: 1 + 3 * (4999 // 3)]))
+    assert scanner.reply_share == pytest.approx(len(b"".join(scanner.delivered)) / fed)
+    assert len(text) / scanner.reply_share == pytest.approx(2 * (1 + 3 * (4999 // 3)))
+
+
+def test_a_short_stream_nobody_learns_from_keeps_all_its_text() -> None:
+    scanner = EventScanner(strip_usage=True, keep_text=False)
+    scanner.feed(STREAM)
+    assert scanner.reply() == "aa"
+    assert scanner.reply_share == 1.0
 
 
 def test_a_stream_without_usage_finds_none_and_keeps_its_text() -> None:
