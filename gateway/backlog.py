@@ -9,6 +9,7 @@ hold, and when each of them will end; the scrape adds other replicas'.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -42,10 +43,8 @@ class Backlog:
     """The last scrape found calls waiting while the engine ran ``peak`` sequences."""
     kv_tokens: float = 0.0
     """KV cache our calls there hold or will: their prompts and the answers they may write."""
-    _held: dict[str, float] = field(default_factory=dict)
-    """Each of our calls in flight there (by id) and its share of ``kv_tokens``."""
-    _calls: dict[str, Call] = field(default_factory=dict)
-    """Our calls in flight there, in the order the engine got them."""
+    _calls: dict[str, Sent] = field(default_factory=dict)
+    """Our calls in flight there (by id), in the order the engine got them."""
     _sampled: int = 0
     """Routing decisions ``busy`` averages over (exactly for the first, see ``blend``)."""
 
@@ -101,20 +100,22 @@ class Backlog:
         return min(self.engaged / slots, 1.0) if slots else 0.0
 
     def admit(self, call: Call) -> None:
-        tokens = self._kv_of(call)
-        self._held[call.id] = tokens
-        self.kv_tokens += tokens
-        self._calls[call.id] = call
-        if call.route is not None:
-            self.written_tokens += call.route.uncached_tokens
+        """Count in a call just sent here (its route and dispatch time set)."""
+        sent = Sent(call, prefilled_by(call), self._uncached(call), self._kv_of(call))
+        self._calls[call.id] = sent
+        self.kv_tokens += sent.kv
+        self.written_tokens += sent.uncached
 
     def release(self, call: Call) -> None:
-        self.kv_tokens -= self._held.pop(call.id, 0.0)
-        self._calls.pop(call.id, None)
+        sent = self._calls.pop(call.id, None)
+        if sent is not None:
+            self.kv_tokens -= sent.kv
 
-    def pending(self, now: float) -> list[Call]:
-        """Our calls whose prompt is not prefilled yet."""
-        return [c for c in self._calls.values() if prefilling(c, now)]
+    def pending(self, now: float) -> list[Sent]:
+        """Our calls whose prompt is not prefilled yet: no first byte, and for an answer
+        that comes whole (no first byte to see), not yet past the TTFT routing expected.
+        Read on every routing decision: a comprehension over what ``admit`` worked out."""
+        return [s for s in self._calls.values() if s.call.first_byte_at is None and now < s.until]
 
     def slot_wait(self, now: float, others: int, slots: int) -> float:
         """Seconds until a call sent now gets one of ``slots``: ours end when their answers
@@ -127,9 +128,9 @@ class Backlog:
         calls = list(self._calls.values())
         admitted = max(slots - others, 0)
         running = [typical / 2] * min(others, slots)
-        running += [self._left(c, now) for c in calls[:admitted]]
+        running += [self._left(s.call, now) for s in calls[:admitted]]
         waiting = [typical] * max(others - slots, 0)
-        waiting += [rates.hold(self._uncached(c), self._answer(c)) for c in calls[admitted:]]
+        waiting += [rates.hold(s.uncached, self._answer(s.call)) for s in calls[admitted:]]
         return slot_wait(running, waiting, slots)
 
     def _left(self, call: Call, now: float) -> float:
@@ -160,7 +161,7 @@ class Backlog:
         slots = self.slots_like(peer_slots)
         return Load(
             queued_tokens=ours + theirs,
-            running=max(running, len(self._held)),
+            running=max(running, len(self._calls)),
             slot_wait=self.slot_wait(now, others, slots),
             utilization=max(self.busy, self.occupied(slots), 1 - free / capacity),
             free_tokens=free,
@@ -169,7 +170,7 @@ class Backlog:
 
     def _ours(self, now: float) -> float:
         """Prompt tokens our calls there still have to have prefilled."""
-        return sum(self._uncached(c) for c in self.pending(now))
+        return sum(s.uncached for s in self.pending(now))
 
     def _theirs(self, waiting: int) -> float:
         """Prompt tokens other replicas' calls have waiting there: of the ``waiting`` the
@@ -191,10 +192,25 @@ class Backlog:
         return asked if asked is not None else self.rates.completion_per_call
 
 
-def prefilling(call: Call, now: float) -> bool:
-    """No first byte yet, and for an answer that comes whole (no first byte to see), not
-    yet past the TTFT routing expected."""
-    if call.first_byte_at is not None or call.route is None or call.dispatched_at is None:
-        return False
-    streamed = call.request is not None and call.request.stream
-    return streamed or now - call.dispatched_at < call.route.expected_ttft
+@dataclass(slots=True, frozen=True)
+class Sent:
+    """One of our calls in flight at the backend, with what routing reads of it."""
+
+    call: Call
+    until: float
+    """While it has no first byte, until when it counts as prefilling (``prefilled_by``)."""
+    uncached: float
+    """Prompt tokens the backend has to prefill for it."""
+    kv: float
+    """Its share of ``Backlog.kv_tokens``."""
+
+
+def prefilled_by(call: Call) -> float:
+    """Until when a call sent now counts as prefilling while it has no first byte: for ever
+    if it streams (its first byte will show), else until the TTFT routing expected (an
+    answer that comes whole has no first byte to see); never without a route."""
+    if call.route is None or call.dispatched_at is None:
+        return -math.inf
+    if call.request is not None and call.request.stream:
+        return math.inf
+    return call.dispatched_at + call.route.expected_ttft

@@ -288,11 +288,14 @@ class GatewayMetrics:
         if req.stream and call.first_byte_at and call.done_at and u.completion_tokens > 1:
             s.tpot.observe((call.done_at - call.first_byte_at) / (u.completion_tokens - 1))
         s.prompt.inc(u.prompt_tokens)
-        s.cached.inc(u.cached_tokens)
         s.completion.inc(u.completion_tokens)
+        if u.cached_tokens:  # the series exist from the call's first: nothing to add
+            s.cached.inc(u.cached_tokens)
         if not u.estimated:
-            s.predicted_cached.inc(route.predicted_cached_tokens)
-            s.reported_cached.inc(u.cached_tokens)
+            if route.predicted_cached_tokens:
+                s.predicted_cached.inc(route.predicted_cached_tokens)
+            if u.cached_tokens:
+                s.reported_cached.inc(u.cached_tokens)
 
 
 def render(registry: CollectorRegistry, multiproc_dir: Path | None) -> bytes:

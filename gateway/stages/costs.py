@@ -314,9 +314,10 @@ def slot_wait(running: list[float], waiting: list[float], slots: int) -> float:
     return ends[0]
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True)
 class Load:
-    """What a backend has in front of a new call, as routing sees it when choosing."""
+    """What a backend has in front of a new call, as routing sees it when choosing (made
+    per backend per decision and never changed: not frozen, as ``Candidate``)."""
 
     queued_tokens: float = 0.0
     """Prompt tokens dispatched there and not yet prefilled (ours, and an estimate of

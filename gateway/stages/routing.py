@@ -54,9 +54,11 @@ from gateway.settings import RoutingSettings
 from gateway.stages.costs import Load, Rates, Sharing, Streams, cost, relief
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True)
 class Candidate:
-    """A backend as routing sees it: the registry fills these from its counters and scrapes."""
+    """A backend as routing sees it: the registry fills these from its counters and scrapes
+    (one per backend per decision, never changed after: not frozen only because a frozen
+    dataclass's constructor costs twice as much)."""
 
     name: str
     healthy: bool
@@ -142,6 +144,15 @@ class CacheAware:
         later = streams.later_calls if starts else 0.0
         # What no other stream shares: beyond the prefix a second backend holds too.
         own = key.tokens - covered(key, held[1] if len(held) > 1 else 0)
+        if len(healthy) == 1:  # nothing to weigh; the streams are counted all the same
+            (pick,) = healthy
+            if starts:
+                self._sharing.count(self._shared(key, held[0]))
+            pin = self._pin(key, session, index_ok)
+            decision: Decision = pin[1] if pin else "miss" if held[0] == 0 else "hit"
+            self._placed.pick(healthy, key.anchor)
+            streams.place(key.anchor, pick.name, own + pick.rates.uncached_per_call)
+            return self._route(key, matches, pick, decision)
         # What it will want cached there at its next call: this prompt and the next turn.
         footprint = {c.name: own + c.rates.uncached_per_call for c in healthy}
         costs = {
@@ -172,8 +183,7 @@ class CacheAware:
         """Count a start on ``top``, the longest prefix any backend holds (in blocks), and
         credit each backend without all of it with what a copy there saves the starts that
         share it next (:func:`gateway.stages.costs.relief`)."""
-        depth = min(top, len(key.hashes))
-        sharers = self._sharing.count(key.hashes[depth - 1] if depth else None)
+        sharers = self._sharing.count(self._shared(key, top))
         if not sharers:
             return
         holders = [(c.rates, c.ahead) for c in healthy if matches.get(c.name, 0) >= top]
@@ -181,6 +191,12 @@ class CacheAware:
         for c in healthy:
             if matches.get(c.name, 0) < top:
                 costs[c.name] -= relief(sharers, holders, c.rates, c.ahead, own)
+
+    @staticmethod
+    def _shared(key: PrefixKey, top: int) -> int | None:
+        """The hash of the longest prefix of the prompt a backend holds (``top`` blocks)."""
+        depth = min(top, len(key.hashes))
+        return key.hashes[depth - 1] if depth else None
 
     def _pick(
         self,

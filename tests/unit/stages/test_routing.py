@@ -521,3 +521,19 @@ def test_a_call_avoids_full_slots_a_later_turn_only_beyond_the_forecasts_error(
     held[1] = Candidate("b1", True, 8, rates=unsure, ahead=Load(slot_wait=1.0))
     later = policy.choose("m", key(41, anchor=7), {"b0": 4, "b1": 41}, held)
     assert (later.backend, later.slot_wait) == ("b1", 1.0)
+
+
+def test_a_lone_healthy_backend_takes_every_call_as_the_weighing_would_label_it() -> None:
+    """With one backend left there is nothing to weigh: hit, miss, a session's affinity and
+    the degraded index's fallback are labelled as among many, the expected TTFT is the
+    cost model's, and the calls still count as streams (for when others come back)."""
+    clock = Clock()
+    policy = CacheAware(RoutingSettings(), clock=clock)
+    lone = [*queued(300.0)[:1], *pool(0, 0, unhealthy=("b1",))[1:]]
+    hit = policy.choose("m", key(10, anchor=1), {"b0": 4}, lone)
+    assert (hit.backend, hit.decision, hit.matched_blocks) == ("b0", "hit", 4)
+    assert hit.expected_ttft == pytest.approx(Rates().ttft(300 + 6 * B, 0))
+    assert policy.choose("m", key(10, anchor=2), {}, lone).decision == "miss"
+    assert policy.choose("m", key(10, anchor=3), {}, lone, session="s").decision == "affinity"
+    assert policy.choose("m", key(10, anchor=4), {}, lone, index_ok=False).decision == "fallback"
+    assert policy._streams.live("b0") == 4
