@@ -9,13 +9,14 @@ panels line up in Grafana.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar, cast
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.metrics import MetricWrapperBase
+from prometheus_client.metrics_core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 
 from gateway.flow import ENDPOINTS, Call
@@ -75,6 +76,15 @@ class GatewayMetrics:
         where a reader (and the README's metric table) finds every name and label."""
         self.registry = registry
         self.multiprocess = multiprocess
+        self._added: dict[Counter, float] = {}
+        """What ``add`` counted since the registry was last collected, by series."""
+        self.add: Callable[[Counter, float], None] = Counter.inc if multiprocess else self._defer
+        """Count into a series (a counter's child). With one process, at the next
+        collection of the registry: a dict update instead of the client library's locked
+        increment, for the half-dozen counts every call makes; any collection (a scrape, a
+        test's ``get_sample_value``) adds them first, as this registers itself before
+        every metric. With several, at once: another worker's scrape must see them."""
+        registry.register(Added(self))
         self._children: dict[tuple[MetricWrapperBase, tuple[str, ...]], MetricWrapperBase] = {}
         self._series: dict[tuple[str, str, str, str], CallSeries] = {}
         call = ["model", "backend", "endpoint", "stream"]
@@ -215,6 +225,15 @@ class GatewayMetrics:
             multiprocess_mode="liveall",
         )
 
+    def _defer(self, counter: Counter, amount: float) -> None:
+        self._added[counter] = self._added.get(counter, 0.0) + amount
+
+    def flush(self) -> None:
+        """Add what ``add`` deferred to its series."""
+        added, self._added = self._added, {}
+        for counter, amount in added.items():
+            counter.inc(amount)
+
     def child(self, metric: M, *values: str) -> M:
         """``metric.labels(*values)``, remembered.
 
@@ -266,17 +285,18 @@ class GatewayMetrics:
         req = call.request
         model = req.model if req and req.model in models else ""
         endpoint = req.endpoint if req else ENDPOINTS.get(call.path, "")
-        self.child(self.requests, model, endpoint, str(call.status), call.error_type or "").inc()
+        add = self.add
+        add(self.child(self.requests, model, endpoint, str(call.status), call.error_type or ""), 1)
         if req is None or call.route is None:
             return
         route, u = call.route, call.usage
         s = self.series(model, route.backend, endpoint, "true" if req.stream else "false")
         if route.decision != "none":
-            self.child(self.routing, model, route.decision).inc()
+            add(self.child(self.routing, model, route.decision), 1)
         if call.served_by != "upstream":
-            self.child(self.batched, model, endpoint, call.served_by).inc()
+            add(self.child(self.batched, model, endpoint, call.served_by), 1)
         if call.disconnected:
-            self.child(self.disconnects, model, endpoint).inc()
+            add(self.child(self.disconnects, model, endpoint), 1)
         if spent is not None:
             s.overhead.observe(spent)
         if call.latency is not None:
@@ -287,15 +307,27 @@ class GatewayMetrics:
             return
         if req.stream and call.first_byte_at and call.done_at and u.completion_tokens > 1:
             s.tpot.observe((call.done_at - call.first_byte_at) / (u.completion_tokens - 1))
-        s.prompt.inc(u.prompt_tokens)
-        s.completion.inc(u.completion_tokens)
+        add(s.prompt, u.prompt_tokens)
+        add(s.completion, u.completion_tokens)
         if u.cached_tokens:  # the series exist from the call's first: nothing to add
-            s.cached.inc(u.cached_tokens)
+            add(s.cached, u.cached_tokens)
         if not u.estimated:
             if route.predicted_cached_tokens:
-                s.predicted_cached.inc(route.predicted_cached_tokens)
+                add(s.predicted_cached, route.predicted_cached_tokens)
             if u.cached_tokens:
-                s.reported_cached.inc(u.cached_tokens)
+                add(s.reported_cached, u.cached_tokens)
+
+
+class Added:
+    """A collector of nothing, first in the registry: collecting it adds the counts
+    ``GatewayMetrics.add`` deferred, before the metrics that hold them are read."""
+
+    def __init__(self, metrics: GatewayMetrics) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        self._metrics.flush()
+        return iter(())
 
 
 def render(registry: CollectorRegistry, multiproc_dir: Path | None) -> bytes:

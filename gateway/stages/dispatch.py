@@ -144,7 +144,7 @@ def learn(call: Call, svc: Services) -> None:
         predicted = route.predicted_cached_tokens / max(key.tokens, 1)
         reported = u.cached_tokens / max(u.prompt_tokens, 1)
         m = svc.metrics
-        m.child(m.prediction, call.request.model, accuracy(predicted, reported)).inc()
+        m.add(m.child(m.prediction, call.request.model, accuracy(predicted, reported)), 1)
 
 
 def time_rates(call: Call, key: PrefixKey, route: Route, u: Usage, rates: Rates) -> None:
