@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gc
 import logging
-import os
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
@@ -19,7 +18,7 @@ from gateway import access, pipeline
 from gateway.api import admin, openai, ops
 from gateway.api.openai import ProxyEndpoints, error_response
 from gateway.errors import GatewayError, InternalError, InvalidRequest, NotFound
-from gateway.flow import Call
+from gateway.flow import Call, new_call_id
 from gateway.services import Services
 from gateway.settings import Settings
 
@@ -91,7 +90,7 @@ async def _unexpected_error(request: Request, exc: Exception) -> Response:
     """A bug in a route: logged in full for the operator, counted as a 500 and given an
     access line like a proxied call's (no ledger row: no model was called); the client
     gets no traceback. Starlette raises the exception again afterwards, for the server."""
-    call = Call(id=os.urandom(12).hex(), path=request.url.path)
+    call = Call(id=new_call_id(), path=request.url.path)
     log.exception("unexpected error on %s (request %s)", call.path, call.id)
     failure = InternalError()
     call.status, call.error_type = failure.status, failure.type

@@ -10,7 +10,6 @@ Everything else (models, ops, admin) stays on FastAPI.
 from __future__ import annotations
 
 import logging
-import os
 from typing import Annotated
 
 import orjson
@@ -21,7 +20,7 @@ from starlette.types import Receive, Scope, Send
 
 from gateway import pipeline
 from gateway.errors import GatewayError, InternalError, PayloadTooLarge
-from gateway.flow import ENDPOINTS, Call, Endpoint
+from gateway.flow import ENDPOINTS, Call, Endpoint, new_call_id
 from gateway.services import Services
 from gateway.stages import auth
 
@@ -65,7 +64,7 @@ class ProxyEndpoints:
         svc: Services = self.app.state.services
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         call = Call(
-            id=os.urandom(12).hex(),
+            id=new_call_id(),
             path=scope["path"],
             headers=headers,
         )
