@@ -136,7 +136,7 @@ def learn(call: Call, svc: Services) -> None:
         route.matched_blocks,
         u.cached_tokens if prefilled else None,
         (u.prompt_tokens or key.tokens) if prefilled else None,
-        holds=svc.prefix.reply_key(call.request, encoding, call.reply) if prefilled else None,
+        holds=svc.prefix.reply_key(call.request, encoding, call.reply, key) if prefilled else None,
     )
     if fb.reported and not u.estimated:
         time_rates(call, key, route, u, svc.backends.backends[route.backend].backlog.rates)

@@ -18,6 +18,7 @@ import array
 import hashlib
 import sys
 from collections import OrderedDict
+from collections.abc import Sequence
 from typing import Any
 
 import orjson
@@ -60,8 +61,9 @@ class PrefixHasher:
         """Tokens of text, for estimating usage when a backend reports none."""
         return len(self.encoding(encoding).encode_ordinary(text))
 
-    def key(self, request: Request, encoding: str) -> PrefixKey:
-        """The request's prompt as token count, chained block hashes and anchor hash."""
+    def key(self, request: Request, encoding: str, known: Sequence[int] = ()) -> PrefixKey:
+        """The request's prompt as token count, chained block hashes and anchor hash;
+        ``known``: the hashes of blocks it is known to begin with (see block_hashes)."""
         if request.endpoint in CHATS:
             body = chat_body(request)
             parts = [self._text_tokens(encoding, text) for text in render_chat(body)]
@@ -73,26 +75,31 @@ class PrefixHasher:
             opening = len(buf)
         return PrefixKey(
             tokens=len(buf) // 4,
-            hashes=block_hashes(buf, self._block, self._max_blocks),
+            hashes=block_hashes(buf, self._block, self._max_blocks, known),
             block_size=self._block,
             anchor=digest(memoryview(buf)[:opening]),
             opening=opening // 4,
         )
 
-    def reply_key(self, request: Request, encoding: str, reply: str) -> PrefixKey | None:
+    def reply_key(
+        self, request: Request, encoding: str, reply: str, prompt: PrefixKey | None = None
+    ) -> PrefixKey | None:
         """The chat prompt followed by the assistant's reply: the next turn's prefix.
 
         The backend keeps the reply's KV blocks too, and a client's next turn resends the
         reply as an assistant message; recording this key lets that turn match its whole
         history rather than only the previous prompt, which long replies make a small
-        share of it. None for other endpoints or an empty reply.
+        share of it. None for other endpoints or an empty reply. ``prompt``, the
+        request's own key, saves hashing its blocks again: the reply's key begins with
+        them (the same messages rendered the same way, then the reply).
         """
         if request.endpoint not in CHATS or not reply:
             return None
         body = chat_body(request)
         messages = [*(body.get("messages") or []), {"role": "assistant", "content": reply}]
         return self.key(Request(endpoint="chat", model=request.model,
-                                body={**body, "messages": messages}), encoding)  # fmt: skip
+                                body={**body, "messages": messages}), encoding,
+                        prompt.hashes if prompt is not None else ())  # fmt: skip
 
     def _prompt_tokens(self, prompt: Any, encoding: str) -> bytes:
         """A completion prompt's tokens; for a list of prompts, the first one's."""
@@ -252,8 +259,12 @@ def canonical(value: Any) -> str:
     return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
 
 
-def block_hashes(tokens: bytes, block_size: int, max_blocks: int) -> list[int]:
-    """Chained 64-bit hashes of each full block of the packed uint32 token buffer.
+def block_hashes(
+    tokens: bytes, block_size: int, max_blocks: int, known: Sequence[int] = ()
+) -> list[int]:
+    """Chained 64-bit hashes of each full block of the packed uint32 token buffer; the
+    first blocks' are taken from ``known``, the caller's word that the buffer begins
+    with the blocks those hashes name.
 
     XXH3 seeded with the parent's hash: a prompt of 1,000 tokens is hashed on every call
     (twice, with the answer learned after), and XXH3 takes a fifth of BLAKE2b's time per
@@ -264,9 +275,9 @@ def block_hashes(tokens: bytes, block_size: int, max_blocks: int) -> list[int]:
     step = 4 * block_size
     end = min(len(tokens) // step, max_blocks) * step
     view = memoryview(tokens)
-    parent = ROOT
-    out = []
-    for start in range(0, end, step):
+    out = list(known[: end // step])
+    parent = out[-1] if out else ROOT
+    for start in range(len(out) * step, end, step):
         parent = _xxh3(view[start : start + step], parent)
         out.append(parent)
     return out

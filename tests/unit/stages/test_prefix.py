@@ -10,6 +10,7 @@ from gateway.stages.prefix import (
     PIECE_CHARS,
     PieceCache,
     PrefixHasher,
+    block_hashes,
     load_encoding,
     pieces,
 )
@@ -220,8 +221,21 @@ def test_reply_key_is_the_next_turns_prefix(hasher: PrefixHasher) -> None:
     later = hasher.key(Request(endpoint="chat", model="m", body={"messages": messages}), ENC)
     assert later.hashes[: len(after.hashes)] == after.hashes
     assert len(after.hashes) > 3 * len(now.hashes)
+    # Given the prompt's own key, its blocks are not hashed again: the same key.
+    assert hasher.reply_key(turn, ENC, reply, now) == after
     assert hasher.reply_key(turn, ENC, "") is None
     assert hasher.reply_key(completion("Once upon a time"), ENC, "there was") is None
+
+
+def test_block_hashes_take_the_known_leading_blocks_and_chain_on_from_them() -> None:
+    tokens = bytes(range(256)) * 3  # 12 blocks of 16 tokens (4 bytes each)
+    whole = block_hashes(tokens, 16, 100)
+    assert len(whole) == 12
+    assert block_hashes(tokens, 16, 100, whole[:5]) == whole
+    assert block_hashes(tokens, 16, 8, whole) == whole[:8]  # still at most max_blocks
+    told = block_hashes(tokens, 16, 100, [7, 8])  # trusted, not checked
+    assert told[:2] == [7, 8]
+    assert told[2:] != whole[2:]  # chained on from the hash it was told
 
 
 def test_piece_cache_stays_within_its_byte_budget() -> None:
