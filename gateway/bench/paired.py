@@ -1,7 +1,8 @@
 """Paired load: several proxies, each in front of its own instant simulator, loaded at once.
 
     python -m gateway.bench.paired --target uvicorn=gateway --target granian=granian \
-        [--target vllm=vllm-router] [--max-tokens 256 --stream] [--rounds 6] [--seconds 4]
+        [--target vllm=vllm-router] [--max-tokens 256 --stream] [--system-words 300] \
+        [--rounds 6] [--seconds 4]
 
 On a shared machine a figure from one run says little; two targets loaded in the same
 seconds see the same machine, so each round's ratio to the first target is what this
@@ -128,7 +129,7 @@ def start_wrk(t: Target, args: argparse.Namespace, pin: list[str]) -> subprocess
     url = f"http://127.0.0.1:{t.port}/v1/chat/completions"
     cmd = [*pin, "wrk", "-t1", f"-c{args.concurrency}", f"-d{args.seconds}s", "--timeout",
            "30s", "-s", str(CHAT_LUA), url, "--", "sim-model", "", str(args.max_tokens),
-           "stream" if args.stream else ""]  # fmt: skip
+           "stream" if args.stream else "", str(args.system_words)]  # fmt: skip
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
 
 
@@ -170,6 +171,7 @@ def report(targets: list[Target], args: argparse.Namespace, loads: list[float]) 
     med = statistics.median
     tokens = args.max_tokens if args.stream else 1
     print(f"c={args.concurrency}, max_tokens={args.max_tokens}, stream={args.stream}, "
+          f"system_words={args.system_words}, "
           f"{args.rounds} rounds x {args.seconds} s; {load_range(loads)}")  # fmt: skip
     print(f"| target | req/s | CPU us/call | CPU us/token | req/s vs {base.name} "
           f"| CPU/call vs {base.name} |")  # fmt: skip
@@ -227,6 +229,9 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=8)
     parser.add_argument("--stream", action="store_true")
+    parser.add_argument("--system-words", type=int, default=0,
+                        help="an app's shape: a system prompt of this many words (the same "
+                        "on every call) and a new question per call; 0: one tiny body")  # fmt: skip
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--seconds", type=int, default=4, help="seconds per round")
     parser.add_argument("--port-base", type=int, default=19300,
