@@ -36,7 +36,9 @@ def registered(registry: CollectorRegistry) -> dict[str, tuple[str, tuple[str, .
     prometheus-client's metric objects (_name, _type, _labelnames), not from a scrape.
     """
     out: dict[str, tuple[str, tuple[str, ...]]] = {}
-    for collector in registry._collector_to_names:
+    for collector, names in registry._collector_to_names.items():
+        if not names:  # collects no series of its own (gateway.metrics.Added)
+            continue
         assert isinstance(collector, MetricWrapperBase), collector
         kind = collector._type
         assert kind is not None, collector
