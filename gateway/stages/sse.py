@@ -42,9 +42,9 @@ class EventScanner:
         self.keep_text = keep_text
         """The whole reply's text is wanted (to learn the next turn's prefix): events are
         reduced to text as they pile up. Otherwise they pass unread, and only the last
-        ``RAW_KEPT`` bytes or fewer of them stay, to estimate the reply from should its usage never
-        come: reading every event's text costs more than relaying it (a scan of every
-        byte in Python's regular expressions, against a copy in the kernel)."""
+        ``RAW_KEPT`` bytes or fewer of them stay, to estimate the reply from should its
+        usage never come: reading every event's text costs more than relaying it (a scan
+        of every byte in Python's regular expressions, against a copy in the kernel)."""
         self.token_seen = not watch_tokens
         """An event carrying output has passed (only looked for when ``watch_tokens``)."""
         self.ended = False
