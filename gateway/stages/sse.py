@@ -55,6 +55,8 @@ class EventScanner:
         """Events passed to the client not yet reduced to text (see ``reply``), as the
         pieces they were passed in."""
         self._held = 0
+        self._bound = self.RAW_KEPT
+        """Held bytes past which they are reduced next (``_reduce``)."""
         self._passed = 0
         """Bytes of events passed unread and forgotten (``keep_text`` off)."""
         self._text: list[str] = []
@@ -73,7 +75,7 @@ class EventScanner:
         out = self._last_events(out)
         self.delivered.append(out)
         self._held += len(out)
-        if self._held > self.RAW_KEPT:
+        if self._held > self._bound:
             self._reduce()
         return out
 
@@ -101,6 +103,9 @@ class EventScanner:
         self.delivered = [held[cut:]]
         self._passed += cut
         self._held -= cut
+        # An event longer than that (nothing to cut before it) is not copied again for
+        # every event after it: the next try waits for another half.
+        self._bound = max(self.RAW_KEPT, self._held + self.RAW_KEPT // 2)
 
     def tail(self) -> bytes:
         """Whatever followed the last complete event (normally nothing)."""

@@ -78,6 +78,27 @@ def test_a_long_stream_nobody_learns_from_keeps_only_its_last_events() -> None:
     assert len(text) / scanner.reply_share == pytest.approx(2 * (1 + 3 * (4999 // 3)))
 
 
+def test_an_event_longer_than_what_is_kept_is_not_copied_again_for_every_event_after_it() -> None:
+    tries = []
+
+    class Counted(EventScanner):
+        def _reduce(self) -> None:
+            tries.append(self._held)
+            super()._reduce()
+
+    scanner = Counted(strip_usage=True, keep_text=False)
+    text = "x" * (4 * 2**20)
+    huge = b'data: {"choices":[{"index":0,"delta":{"content":"' + text.encode() + b'"}}]}\n\n'
+    small = b'data: {"choices":[{"index":0,"delta":{"content":"w "}}]}\n\n'
+    scanner.feed(huge)
+    for _ in range(2000):
+        scanner.feed(small)
+    assert sum(held > 2**20 for held in tries) == 2  # not a 4 MiB copy per small event
+    assert sum(map(len, scanner.delivered)) <= EventScanner.RAW_KEPT  # the huge one cut
+    assert scanner.reply() == "w " * (len(scanner.reply()) // 2)
+    assert scanner.reply_share < 0.01
+
+
 def test_a_short_stream_nobody_learns_from_keeps_all_its_text() -> None:
     scanner = EventScanner(strip_usage=True, keep_text=False)
     scanner.feed(STREAM)
