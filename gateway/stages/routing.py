@@ -149,7 +149,7 @@ class CacheAware:
             if starts:
                 self._sharing.count(self._shared(key, held[0]))
             pin = self._pin(key, session, index_ok)
-            decision: Decision = pin[1] if pin else "miss" if held[0] == 0 else "hit"
+            decision = pin[1] if pin else placement(held[0], held[0])
             self._placed.pick(healthy, key.anchor)
             streams.place(key.anchor, pick.name, own + pick.rates.uncached_per_call)
             return self._route(key, matches, pick, decision)
@@ -226,8 +226,7 @@ class CacheAware:
             fewest = min(self._streams.live(c.name) for c in tied)
             tied = [c for c in tied if self._streams.live(c.name) == fewest]
         pick = self._placed.pick(tied, key.anchor)
-        held = matches.get(pick.name, 0)
-        return pick, "miss" if top == 0 else "hit" if held == top else "overflow"
+        return pick, placement(top, matches.get(pick.name, 0))
 
     def _pin(
         self, key: PrefixKey, session: str | None, index_ok: bool
@@ -364,6 +363,12 @@ def session_hash(session: str) -> int:
 def covered(key: PrefixKey, blocks: int) -> int:
     """Gateway tokens that ``blocks`` leading blocks of this prompt cover."""
     return min(blocks * key.block_size, key.tokens)
+
+
+def placement(top: int, held: int) -> Decision:
+    """The cost model's placement of a call whose longest held prefix is ``top`` blocks, on
+    a backend holding ``held`` of them: nothing held anywhere, the longest, or less."""
+    return "miss" if top == 0 else "hit" if held == top else "overflow"
 
 
 def outcome(matches: Mapping[str, int], pick: Candidate) -> Decision:
