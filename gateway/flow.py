@@ -200,7 +200,7 @@ class Call:
     done_at: float | None = None  # stages.relay (a stream's), pipeline
     status: int = 200  # pipeline.failed, stages.relay (a stream that broke off), app
     error_type: str | None = None  # as status
-    disconnected: bool = False  # stages.forward (AnswerWait), stages.relay
+    disconnected: bool = False  # stages.forward (ClientWatch), stages.relay
     """The client went away before the answer was complete."""
     served_by: Literal["upstream", "coalesced", "batched", "held"] = "upstream"  # batching
     usage: Usage | None = None  # pipeline: from stages.usage or stages.sse, or estimated

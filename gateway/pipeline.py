@@ -40,7 +40,7 @@ async def handle(
     """Take a call from its raw body to the response the client gets.
 
     ``receive`` is the client connection's ASGI receive: while the call waits for its
-    answer to begin, a client that disconnects cuts the wait (forward.AnswerWait).
+    answer to begin, a client that disconnects cuts the wait (forward.ClientWatch).
     """
     try:
         backend, answer = await send(call, body, endpoint, svc, receive)
@@ -133,7 +133,7 @@ class Stream(StreamRelay):
             watch_tokens=request.endpoint == "responses",
             keep_text=prefix.learns_reply(request, call.prefix),
         )
-        super().__init__(call, answer, scanner, encoded(SSE, headers), svc.upstream.watched)
+        super().__init__(call, answer, scanner, encoded(SSE, headers))
         self.svc = svc
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -78,8 +78,7 @@ class Upstream:
         self._metrics = metrics
         self._pools: dict[str, http.Pool] = {}
         """By backend URL, each opened at the backend's first call."""
-        self.watched: set[ClientWatch] = set()
-        """The calls whose clients are watched now (``ClientWatch.start``), swept here."""
+        self._waiting: set[ClientWatch] = set()
         self._sweeper: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -92,14 +91,14 @@ class Upstream:
         for pool in self._pools.values():
             await pool.aclose()
 
-    def watch(self, call: Call, receive: Receive) -> AnswerWait:
-        """An AnswerWait for the call's wait for its answer (``with``)."""
-        return AnswerWait(call, receive, self.watched)
+    def watch(self, call: Call, receive: Receive) -> ClientWatch:
+        """A ClientWatch for the call's wait for its answer (``with``)."""
+        return ClientWatch(call, receive, self._waiting)
 
     async def _sweep(self) -> None:
         while True:
             await asyncio.sleep(WATCH_AFTER)
-            for watch in list(self.watched):
+            for watch in list(self._waiting):
                 watch.swept()
 
     async def send(self, call: Call, backend: Backend, body: bytes) -> Answer:
@@ -212,34 +211,49 @@ class StreamAnswer:
 
 
 WATCH_AFTER = 0.25
-"""Seconds between sweeps of the calls whose client is watched: one still there at two
-sweeps in a row starts reading its client's connection. A call over sooner costs no
-watcher task and no timer, and a client that leaves is noticed at most 0.5 s late."""
+"""Seconds between sweeps of the calls waiting for their answer: one still waiting at two
+sweeps in a row starts watching its client. An answer that comes sooner costs no watcher
+task and no timer, and a client that leaves is noticed at most 0.5 s late."""
 
 
 class ClientWatch:
-    """Notices a client that disconnects while its call lasts: ``left`` (a subclass's)
-    runs when it does.
+    """Cuts the wait for an answer short when the client disconnects: the upstream request
+    is abandoned (vLLM aborts it) and ClientClosedRequest (499) is raised.
 
-    ``start`` puts it among the ``Upstream.watched``, whose sweeper starts the watcher task
-    of a call that lasts (a task or a timer per call would cost more than all the rest of
-    this together)."""
+    For the time before anything is sent to the client; once a stream's headers are out,
+    StreamRelay watches. The call's own task is cancelled (a Cut), so it unwinds through
+    every stage as from a timeout, and each shield keeps its meaning (a coalesced call's
+    leader leaving frees its followers). Made by ``Upstream.watch``, whose sweeper starts
+    the watcher task of a wait that lasts (a timer per call would cost more than all the
+    rest of this together).
+    """
 
-    __slots__ = ("_receive", "_sweeps", "_task", "_watched")
+    __slots__ = ("_call", "_cut", "_receive", "_sweeps", "_task", "_waiting")
 
-    def __init__(self, receive: Receive, watched: set[ClientWatch]) -> None:
+    def __init__(self, call: Call, receive: Receive, waiting: set[ClientWatch]) -> None:
+        self._call = call
         self._receive = receive
-        self._watched = watched
+        self._waiting = waiting
         self._sweeps = 0
         self._task: asyncio.Task[None] | None = None
+        self._cut: Cut | None = None
 
-    def start(self) -> None:
-        self._watched.add(self)
+    def __enter__(self) -> None:
+        self._cut = Cut()
+        self._waiting.add(self)
 
-    def stop(self) -> None:
-        self._watched.discard(self)
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        cut, self._cut = self._cut, None
+        self._waiting.discard(self)
         if self._task is not None:
             self._task.cancel()
+        if exc_type is asyncio.CancelledError and cut is not None and cut.caught():
+            raise ClientClosedRequest("the client disconnected before its answer began") from None
 
     def swept(self) -> None:
         self._sweeps += 1
@@ -249,45 +263,6 @@ class ClientWatch:
     async def _watch(self) -> None:
         while (await self._receive())["type"] != "http.disconnect":
             pass
-        self.left()
-
-    def left(self) -> None:
-        raise NotImplementedError
-
-
-class AnswerWait(ClientWatch):
-    """Cuts the wait for an answer short when the client disconnects: the upstream request
-    is abandoned (vLLM aborts it) and ClientClosedRequest (499) is raised.
-
-    For the time before anything is sent to the client; once a stream's headers are out,
-    StreamRelay watches. The call's own task is cancelled (a Cut), so it unwinds through
-    every stage as from a timeout, and each shield keeps its meaning (a coalesced call's
-    leader leaving frees its followers). Made by ``Upstream.watch``.
-    """
-
-    __slots__ = ("_call", "_cut")
-
-    def __init__(self, call: Call, receive: Receive, watched: set[ClientWatch]) -> None:
-        super().__init__(receive, watched)
-        self._call = call
-        self._cut: Cut | None = None
-
-    def __enter__(self) -> None:
-        self._cut = Cut()
-        self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        cut, self._cut = self._cut, None
-        self.stop()
-        if exc_type is asyncio.CancelledError and cut is not None and cut.caught():
-            raise ClientClosedRequest("the client disconnected before its answer began") from None
-
-    def left(self) -> None:
         if self._cut is not None:
             self._call.disconnected = True
             self._cut.cut("client left")

@@ -2,15 +2,15 @@
 
 Starlette's StreamingResponse notices a disconnect only when a write fails, which may be
 long after the client left (during a slow prefill, or never if writes are silently
-dropped). Here a stream that lasts is watched (``forward.ClientWatch``: from its second
-sweep on, so at most half a second late) for ``http.disconnect``, which closes the
-upstream answer, so vLLM aborts the sequence and frees its KV blocks. A client that hangs
-up once it has the last event (``[DONE]``, a Responses stream's ``response.completed``)
-had the whole answer: that is no disconnect.
+dropped). Here a watcher waits for ``http.disconnect`` and closes the upstream answer at
+once, so vLLM aborts the sequence and frees its KV blocks. A client that hangs up once it
+has the last event (``[DONE]``, a Responses stream's ``response.completed``) had the whole
+answer: that is no disconnect.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 
@@ -20,7 +20,6 @@ from starlette.types import Receive, Scope, Send
 from gateway.answers import Answer
 from gateway.errors import GatewayError
 from gateway.flow import Call
-from gateway.stages.forward import ClientWatch
 from gateway.stages.sse import EventScanner
 
 
@@ -38,12 +37,9 @@ class StreamRelay(Response):
         upstream: Answer,
         scanner: EventScanner,
         raw_headers: list[tuple[bytes, bytes]],
-        watched: set[ClientWatch],
     ) -> None:
-        """``raw_headers``: encoded, the content type among them; ``watched``: the
-        ``Upstream.watched`` its client's watch joins."""
+        """``raw_headers``: encoded, the content type among them."""
         self.call = call
-        self.watched = watched
         self.upstream = upstream
         self.scanner = scanner
         self.status_code = 200
@@ -53,8 +49,7 @@ class StreamRelay(Response):
         self.raw_headers = raw_headers
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        watcher = StreamWatch(self, receive, self.watched)
-        watcher.start()
+        watcher = asyncio.create_task(self._watch(receive))
         complete = False
         try:
             await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
@@ -66,7 +61,7 @@ class StreamRelay(Response):
             self.call.disconnected = not self.answered
             complete = self.answered
         finally:
-            watcher.stop()
+            watcher.cancel()
             # A finished answer leaves a reusable connection; anything else must be cut so
             # the backend sees the client leave.
             if complete:
@@ -75,7 +70,9 @@ class StreamRelay(Response):
                 self.upstream.close()
             self.call.done_at = time.perf_counter()
 
-    def left(self) -> None:
+    async def _watch(self, receive: Receive) -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
         if not self.answered:
             self.call.disconnected = True
             self.upstream.close()
@@ -99,16 +96,3 @@ class StreamRelay(Response):
         tail = scanner.tail()
         if tail.strip():
             yield tail
-
-
-class StreamWatch(ClientWatch):
-    """A relayed stream's client watch: its client leaving cuts the stream."""
-
-    __slots__ = ("_relay",)
-
-    def __init__(self, relay: StreamRelay, receive: Receive, watched: set[ClientWatch]) -> None:
-        super().__init__(receive, watched)
-        self._relay = relay
-
-    def left(self) -> None:
-        self._relay.left()

@@ -34,7 +34,6 @@ from gateway.limits.memory import MemoryLimiter
 from gateway.metrics import GatewayMetrics
 from gateway.services import Services
 from gateway.settings import load_settings
-from gateway.stages.forward import ClientWatch
 from gateway.stages.limits import Plans
 from gateway.stages.prefix import PrefixHasher
 from gateway.stages.routing import make_policy
@@ -77,8 +76,6 @@ class Upstream:
 
     def watch(self, call: Call, receive: object) -> contextlib.nullcontext[None]:
         return contextlib.nullcontext()
-
-    watched: set[ClientWatch] = set()  # never swept: these clients stay
 
     async def send(self, call: Call, backend: Backend, body: bytes) -> Answer:
         answer = self.answers.pop(0)
