@@ -198,6 +198,8 @@ class Call:
     dispatched_at: float | None = None  # stages.dispatch (batching, as for route)
     first_byte_at: float | None = None  # stages.relay: a stream's first token
     done_at: float | None = None  # stages.relay (a stream's), pipeline
+    overhead: float | None = None  # pipeline (a whole answer's, as sent), else its end
+    """Seconds spent in the gateway itself rather than waiting on the backend."""
     status: int = 200  # pipeline.failed, stages.relay (a stream that broke off), app
     error_type: str | None = None  # as status
     disconnected: bool = False  # stages.forward (ClientWatch), stages.relay

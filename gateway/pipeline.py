@@ -2,9 +2,10 @@
 
 A call's way (``handle``, ``send``): auth -> parse -> limits -> prefix -> batch, which
 dispatches each upstream request (route, send, retry) -> the answer: a stream relayed as
-it comes (``Stream``), a whole body read at once.
+it comes (``Stream``), a whole body read at once and sent (``Whole``).
 
-A call's end (``finish``), the same for every call, answered or failed, in this order:
+A call's end (``finish``), the same for every call, answered or failed (an answer once
+it is sent, an error before), in this order:
 release its backend -> usage -> price -> ledger write -> settle limits -> index feedback
 -> metrics -> access log.
 """
@@ -14,6 +15,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
+from functools import partial
 
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
@@ -68,8 +71,9 @@ async def handle(
         raise failed(call, svc, InternalError()) from exc
     call.done_at = time.perf_counter()
     call.usage, call.reply = usage.from_body(raw)
-    headers[OVERHEAD_HEADER] = milliseconds(finish(call, svc))
-    return with_quota(call, Whole(raw, headers))
+    call.overhead = overhead(call)  # the client's wait, not the end's that follows it
+    headers[OVERHEAD_HEADER] = milliseconds(call.overhead)
+    return with_quota(call, Whole(call, svc, raw, headers))
 
 
 async def send(
@@ -102,13 +106,34 @@ SSE = b"text/event-stream; charset=utf-8"
 
 
 class Whole(Response):
-    """A whole JSON answer."""
+    """A whole JSON answer, then the call's end (``finish``) once it is sent."""
 
-    def __init__(self, body: bytes, headers: dict[str, str]) -> None:
+    def __init__(self, call: Call, svc: Services, body: bytes, headers: dict[str, str]) -> None:
+        self.call = call
+        self.svc = svc
         self.body = body
         self.status_code = 200
         self.background = None
         self.raw_headers = [(b"content-length", b"%d" % len(body)), *encoded(JSON, headers)]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await then_end(super().__call__(scope, receive, send), partial(finish, self.call, self.svc))
+
+
+async def then_end(sending: Awaitable[None], end: Callable[[], None]) -> None:
+    """Send a response, then end the call (``end``): once the answer has left, so the
+    client does not wait for the accounting; at once if sending failed.
+
+    The server sends a turn's writes at the turn's end (:mod:`gateway.http_protocol`):
+    the end is queued behind that send and runs right after it, before any call sent in
+    answer to it has been read (a client's next call meets its spend settled). Queued,
+    not awaited: another step of this task would cost every call more."""
+    try:
+        await sending
+    except BaseException:
+        end()
+        raise
+    asyncio.get_running_loop().call_soon(end)
 
 
 def encoded(content_type: bytes, headers: dict[str, str]) -> list[tuple[bytes, bytes]]:
@@ -137,18 +162,18 @@ class Stream(StreamRelay):
         self.svc = svc
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            call, scanner = self.call, self.scanner
-            call.usage = scanner.usage
-            if scanner.keep_text or call.usage is None:  # else no one reads it
-                call.reply, call.reply_share = scanner.reply(), scanner.reply_share
-            finish(call, self.svc)
+        await then_end(super().__call__(scope, receive, send), self._end)
+
+    def _end(self) -> None:
+        call, scanner = self.call, self.scanner
+        call.usage = scanner.usage
+        if scanner.keep_text or call.usage is None:  # else no one reads it
+            call.reply, call.reply_share = scanner.reply(), scanner.reply_share
+        finish(call, self.svc)
 
 
-def finish(call: Call, svc: Services) -> float | None:
-    """The end of every call, in order; returns the gateway's overhead on it (seconds).
+def finish(call: Call, svc: Services) -> None:
+    """The end of every call, in order.
 
     What the backend reported is on the call already (read from the whole body or the
     stream). Never raises: the client's answer is already decided.
@@ -163,11 +188,11 @@ def finish(call: Call, svc: Services) -> float | None:
     limits.settle(call, call.cost, svc.limits)
     if own_upstream:  # a call that rode on another's upstream request teaches nothing
         dispatch.learn(call, svc)  # index feedback, and the backend's learned rates
-    spent = overhead(call)
+    if call.overhead is None:
+        call.overhead = overhead(call)
     if svc.settings.metrics_enabled:
-        svc.metrics.observe(call, spent, svc.backends.models)
-    access.write(call, spent)
-    return spent
+        svc.metrics.observe(call, call.overhead, svc.backends.models)
+    access.write(call, call.overhead)
 
 
 def failed(call: Call, svc: Services, exc: GatewayError) -> GatewayError:

@@ -183,13 +183,15 @@ async def handle(svc: Any, raw: bytes) -> Response:
 
 
 async def relay(response: Response) -> bytes:
-    """Run a streamed response as the server would; the bytes the client got."""
+    """Run a response as the server would, then the turn its sends go out in (the call's
+    end is queued behind them); the bytes the client got."""
     sent: list[Message] = []
 
     async def send(message: Message) -> None:
         sent.append(message)
 
     await response({"type": "http"}, never_leaves, send)
+    await asyncio.sleep(0)
     return b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
 
 
@@ -205,6 +207,16 @@ async def test_a_whole_answer_ends_in_order_and_every_step_reads_the_same_price(
     assert (response.status_code, response.body) == (200, ANSWER)
     assert response.headers["x-gateway-backend"] == "b0"
     assert response.headers["x-backend-instance"] == "sim-1"
+    assert steps == []  # the client does not wait for the accounting
+    seen_at_send: list[list[str]] = []
+
+    async def send(message: Message) -> None:
+        seen_at_send.append(list(steps))
+
+    await response({"type": "http"}, never_leaves, send)
+    assert seen_at_send == [[], []]
+    assert steps == []  # queued behind the server's send
+    await asyncio.sleep(0)
     assert steps == END
     [(call, cost)] = svc.ledger.rows
     assert call.usage == Usage(prompt_tokens=90, completion_tokens=3)
