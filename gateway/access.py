@@ -17,7 +17,7 @@ from gateway.ledger.models import to_usd
 log = logging.getLogger("gateway.access")
 
 
-def write(call: Call, spent: float | None) -> None:
+def write(call: Call) -> None:
     """One JSON line per call: the key's id, never the key; never the prompt."""
     if not log.isEnabledFor(logging.INFO):
         return
@@ -41,7 +41,7 @@ def write(call: Call, spent: float | None) -> None:
         "estimated": u.estimated if u else None,
         "ttft_ms": round(call.ttft * 1000, 2) if call.ttft is not None else None,
         "latency_ms": round(call.latency * 1000, 2) if call.latency is not None else None,
-        "overhead_ms": round(spent * 1000, 3) if spent is not None else None,
+        "overhead_ms": round(call.overhead * 1000, 3) if call.overhead is not None else None,
         "cost_usd": format(to_usd(cost.total), "f") if cost else None,
         "disconnected": call.disconnected,
         "served_by": call.served_by,

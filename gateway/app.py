@@ -96,7 +96,7 @@ async def _unexpected_error(request: Request, exc: Exception) -> Response:
     call.status, call.error_type = failure.status, failure.type
     services: Services | None = getattr(request.app.state, "services", None)
     if services is not None and services.settings.metrics_enabled:
-        services.metrics.observe(call, None, services.backends.models)
-    access.write(call, None)
+        services.metrics.observe(call, services.backends.models)
+    access.write(call)
     failure.headers.update(pipeline.id_headers(call))
     return error_response(failure)

@@ -279,7 +279,7 @@ class GatewayMetrics:
         if self.multiprocess:
             self.child(self.in_flight, backend).inc(delta)
 
-    def observe(self, call: Call, spent: float | None, models: Collection[str]) -> None:
+    def observe(self, call: Call, models: Collection[str]) -> None:
         """Count a finished call and observe its timings and tokens, under labels a client
         cannot invent: a model not in ``models`` is counted as ""."""
         req = call.request
@@ -297,8 +297,8 @@ class GatewayMetrics:
             add(self.child(self.batched, model, endpoint, call.served_by), 1)
         if call.disconnected:
             add(self.child(self.disconnects, model, endpoint), 1)
-        if spent is not None:
-            s.overhead.observe(spent)
+        if call.overhead is not None:
+            s.overhead.observe(call.overhead)
         if call.latency is not None:
             s.e2e.observe(call.latency)
         if req.stream and call.ttft is not None:

@@ -191,8 +191,8 @@ def finish(call: Call, svc: Services) -> None:
     if call.overhead is None:
         call.overhead = overhead(call)
     if svc.settings.metrics_enabled:
-        svc.metrics.observe(call, call.overhead, svc.backends.models)
-    access.write(call, call.overhead)
+        svc.metrics.observe(call, svc.backends.models)
+    access.write(call)
 
 
 def failed(call: Call, svc: Services, exc: GatewayError) -> GatewayError:

@@ -28,8 +28,9 @@ def finished_call(stream: bool) -> Call:
 
 def test_access_log_is_one_json_line_without_the_key(caplog: pytest.LogCaptureFixture) -> None:
     call = finished_call(stream=True)
+    call.overhead = 0.0021
     with caplog.at_level(logging.INFO, logger="gateway.access"):
-        access.write(call, 0.0021)
+        access.write(call)
     [record] = caplog.records
     line = record.getMessage()
     assert "\n" not in line
@@ -53,5 +54,5 @@ def test_access_log_is_one_json_line_without_the_key(caplog: pytest.LogCaptureFi
 
 def test_access_log_off_costs_nothing(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING, logger="gateway.access"):
-        access.write(finished_call(stream=False), None)
+        access.write(finished_call(stream=False))
     assert caplog.records == []
