@@ -108,16 +108,18 @@ async def simulators(
         yield urls
 
 
-async def request_counts(urls: Sequence[str]) -> dict[str, int]:
-    """Requests each instance finished, from its own vllm:request_success counter."""
-    counts = {}
+async def totals(urls: Sequence[str], *metrics: str) -> list[dict[str, float]]:
+    """Per metric, each instance's counter (summed over its labels), read from its own
+    /metrics in one scrape per instance."""
+    out: list[dict[str, float]] = [{} for _ in metrics]
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
         for url in urls:
             async with session.get(f"{url}/metrics") as resp:
                 text = await resp.text()
             name = "sim-" + url.rsplit(":", 1)[1]
-            counts[name] = int(sum(value for key, value in samples(text, "vllm:request_success")))
-    return counts
+            for found, metric in zip(out, metrics, strict=True):
+                found[name] = sum(value for _, value in samples(text, metric))
+    return out
 
 
 def samples(text: str, metric: str) -> list[tuple[str, float]]:

@@ -10,8 +10,9 @@ cluster's capacity for a fixed time, reads the figures, and tears it all down. F
 clusters, because a cache warmed by the previous configuration would flatter the next; one
 after another, because on two cores concurrent clusters would slow each other.
 
-Figures: the cached share of all prompt tokens (backend-reported), TTFT p50/p99, calls per
-instance (each instance's own counter), over the whole run and over the steady window
+Figures: the cached share of all prompt tokens (backend-reported), TTFT p50/p99, calls and
+engine seconds per instance (each instance's own counters), over the whole run and the
+steady window
 (calls sent after the first quarter of the run); for the gateway, its prediction accuracy.
 Then the checks of :mod:`gateway.bench.judge`, per scenario and seed.
 """
@@ -25,7 +26,7 @@ import os
 import signal
 import sys
 import tempfile
-from collections.abc import Coroutine, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -105,10 +106,10 @@ async def measure(setup: Setup, scenario: zoo.Scenario, seed: int, bench: Bench)
         ):
             async with asyncio.TaskGroup() as tg:
                 replay = tg.create_task(run(scenario.workload, Target(f"{front.url}/v1"), opts))
-                early = tg.create_task(counts_after(urls, warmup))
-            counts = await cluster.request_counts(urls)
+                early = tg.create_task(tally_after(urls, warmup))
+            work = await tally(urls)
             metrics = await scrape(front.url) if front.gateway else ""
-        result = summarize(setup, scenario, seed, rate, replay.result(), counts, early.result())
+        result = summarize(setup, scenario, seed, rate, replay.result(), work, early.result())
         result.predictions = by_label(metrics, "gateway_cache_predictions", "outcome")
         result.decisions = by_label(metrics, "gateway_routing_decisions", "decision")
         result.machine_load = os.getloadavg()[0]
@@ -117,10 +118,15 @@ async def measure(setup: Setup, scenario: zoo.Scenario, seed: int, bench: Bench)
         return result
 
 
-async def counts_after(urls: list[str], delay: float) -> dict[str, int]:
-    """Each instance's finished calls once the warm-up is over."""
+async def tally_after(urls: list[str], delay: float) -> Work:
+    """Each instance's work once the warm-up is over."""
     await asyncio.sleep(delay)
-    return await cluster.request_counts(urls)
+    return await tally(urls)
+
+
+async def tally(urls: list[str]) -> Work:
+    calls, busy = await cluster.totals(urls, "vllm:request_success", "vllm:engine_busy_seconds")
+    return Work({k: int(v) for k, v in calls.items()}, busy)
 
 
 def summarize(
@@ -129,8 +135,8 @@ def summarize(
     seed: int,
     rate: float,
     report: Report,
-    counts: dict[str, int],
-    early: dict[str, int],
+    work: Work,
+    early: Work,
 ) -> Result:
     steady = report.steady
     return Result(
@@ -144,18 +150,36 @@ def summarize(
         hit_ratio=report.hit_ratio,
         ttft_p50_ms=report.ttft_ms["p50"],
         ttft_p99_ms=report.ttft_ms["p99"],
-        instances=counts,
-        imbalance=imbalance(counts),
+        instances=work.calls,
+        imbalance=imbalance(work.calls),
+        busy={k: round(v, 3) for k, v in work.busy.items()},
+        work_imbalance=imbalance(work.busy),
         balanceable=scenario.balanceable,
         steady_hit=steady.hit_ratio if steady else None,
         steady_p50_ms=steady.ttft_ms["p50"] if steady else None,
         steady_p99_ms=steady.ttft_ms["p99"] if steady else None,
-        steady_imbalance=imbalance({k: v - early.get(k, 0) for k, v in counts.items()}),
+        steady_imbalance=imbalance(work.since(early).calls),
+        steady_work_imbalance=imbalance(work.since(early).busy),
     )
 
 
-def imbalance(counts: dict[str, int]) -> float | None:
-    """The busiest instance's calls over the mean."""
+@dataclass(frozen=True, slots=True)
+class Work:
+    """What each instance did so far: calls finished, and engine seconds (the sim's cost
+    model), which weighs a long prompt or answer as the load it is."""
+
+    calls: dict[str, int]
+    busy: dict[str, float]
+
+    def since(self, early: Work) -> Work:
+        return Work(
+            {k: v - early.calls.get(k, 0) for k, v in self.calls.items()},
+            {k: v - early.busy.get(k, 0.0) for k, v in self.busy.items()},
+        )
+
+
+def imbalance(counts: Mapping[str, float]) -> float | None:
+    """The busiest instance's share over the mean."""
     mean = sum(counts.values()) / len(counts) if counts else 0
     return max(counts.values()) / mean if mean else None
 

@@ -57,8 +57,8 @@ class Scenario:
     speeds: tuple[float, ...] = ()
     """Per instance; empty: every instance at speed 1."""
     balanceable: bool = True
-    """Whether an even request count per instance is the right goal (not with a slow
-    backend, which should get less)."""
+    """Whether even work per instance is the right goal (not with a slow backend: the
+    fastest placement runs the faster instances at the higher utilization)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -49,6 +49,9 @@ class EngineStats:
     prefix_queries: int = 0
     prefix_hits: int = 0
     aborted: int = 0
+    busy_seconds: float = 0.0
+    """Engine time spent on steps, by the cost model: the instance's work, whatever the
+    calls' sizes (calls alone say little about load when they differ tenfold)."""
     finished: dict[str, int] = field(default_factory=lambda: {"stop": 0, "length": 0})
     ttft: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS))
 
@@ -160,7 +163,9 @@ class Engine:
             prefill_tokens = sum(n for _, n in prefills)
             cost_ms = cfg.step_ms + cfg.prefill_token_ms * prefill_tokens
             cost_ms += cfg.decode_seq_ms * len(decoding)
-            await asyncio.sleep(cost_ms / cfg.speed / 1000)
+            seconds = cost_ms / cfg.speed / 1000
+            self.stats.busy_seconds += seconds
+            await asyncio.sleep(seconds)
             self._apply(decoding, prefills)
 
     def _admit(self) -> None:

@@ -2,9 +2,11 @@
 
 A collector reads the engine at scrape time, so the request path only bumps plain
 integers. Names and labels (`engine`, `model_name`) are vLLM's, so a gateway that scrapes
-a real vLLM reads the simulator unchanged. One addition: `vllm:request_abort_total`
-counts requests aborted because their client disconnected (real vLLM has no such
-counter; its request_success_total{finished_reason="abort"} stays 0).
+a real vLLM reads the simulator unchanged. Two additions, which real vLLM has no
+counters for: `vllm:request_abort_total` counts requests aborted because their client
+disconnected (vLLM's request_success_total{finished_reason="abort"} stays 0), and
+`vllm:engine_busy_seconds_total` the engine time its steps took by the cost model (the
+routing benchmark's measure of each instance's load).
 """
 
 from __future__ import annotations
@@ -53,6 +55,11 @@ class EngineCollector(Collector):
         )
         yield self._counter(
             "request_abort", "Requests aborted by a client disconnect (simulator).", s.aborted
+        )
+        yield self._counter(
+            "engine_busy_seconds",
+            "Seconds of engine steps, by the cost model (simulator).",
+            s.busy_seconds,
         )
         success = CounterMetricFamily(
             "vllm:request_success",

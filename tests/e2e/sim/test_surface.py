@@ -33,6 +33,10 @@ async def test_metrics_parse_with_vllm_names(start_sim: StartSim) -> None:
     ):
         assert name in samples, name
     assert samples["vllm:generation_tokens_total"] == 3
+    # By the cost model: three steps at 1 ms, the prompt's prefill at 0.1 ms a token, and
+    # the one sequence decoding in the last two steps at 0.05 ms each.
+    busy_ms = 3 * 1.0 + 0.1 * samples["vllm:prompt_tokens_total"] + 2 * 0.05
+    assert samples["vllm:engine_busy_seconds_total"] == pytest.approx(busy_ms / 1000)
     assert samples["vllm:prompt_tokens_total"] == samples["vllm:prefix_cache_queries_total"] > 0
     assert samples["vllm:time_to_first_token_seconds_count"] == 1
     async with httpx.AsyncClient() as http:
