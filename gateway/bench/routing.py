@@ -138,7 +138,7 @@ def summarize(
     work: Work,
     early: Work,
 ) -> Result:
-    steady = report.steady
+    steady, after = report.steady, work.since(early)
     return Result(
         setup=setup.name,
         workload=scenario.name,
@@ -158,8 +158,8 @@ def summarize(
         steady_hit=steady.hit_ratio if steady else None,
         steady_p50_ms=steady.ttft_ms["p50"] if steady else None,
         steady_p99_ms=steady.ttft_ms["p99"] if steady else None,
-        steady_imbalance=imbalance(work.since(early).calls),
-        steady_work_imbalance=imbalance(work.since(early).busy),
+        steady_imbalance=imbalance(after.calls),
+        steady_work_imbalance=imbalance(after.busy),
     )
 
 

@@ -5,10 +5,18 @@ from __future__ import annotations
 from gateway.bench.judge import Check, Result, judge, markdown, markdown_checks, render_checks
 
 
-def result(setup: str, hit: float, p50: float, p99: float, work: float, **kw: object) -> Result:
+def result(
+    setup: str,
+    hit: float,
+    p50: float,
+    p99: float,
+    work: float,
+    calls: float | None = None,
+    **kw: object,
+) -> Result:
     """A run whose steady window has the same figures as the whole run; its calls are as
     uneven as its work unless ``calls`` says otherwise."""
-    calls = float(kw.get("calls", work))  # type: ignore[arg-type]
+    calls = work if calls is None else calls
     return Result(setup=setup, workload=str(kw.get("workload", "agents")), seed=0, rate=10.0,
                  requests=100, ok=100, errors={}, hit_ratio=hit, ttft_p50_ms=p50,
                  ttft_p99_ms=p99, instances={"a": 60, "b": 40}, imbalance=calls,
