@@ -80,9 +80,9 @@ class Bench:
         speed = ",".join(f"{v * self.speed:g}" for v in speeds)
         return ["--max-num-seqs", str(self.max_num_seqs), "--speed", speed]
 
-    def rate(self, scenario: zoo.Scenario) -> float:
+    def rate(self, scenario: zoo.Scenario, seed: int = 0) -> float:
         config = SimConfig(cache_blocks=self.cache_blocks, max_num_seqs=self.max_num_seqs)
-        at_speed_one = zoo.rate(scenario, config, self.instances, self.load)
+        at_speed_one = zoo.rate(scenario, config, self.instances, self.load, seed)
         return at_speed_one * self.speed
 
 
@@ -94,7 +94,7 @@ async def measure(setup: Setup, scenario: zoo.Scenario, seed: int, bench: Bench)
         logs = Path(tempfile.mkdtemp(prefix=f"{scenario.name}-{setup.name}-", dir=root))
         instances = 1 if setup.single else bench.instances
         blocks = UNLIMITED_BLOCKS if setup.single else bench.cache_blocks
-        rate = bench.rate(scenario)
+        rate = bench.rate(scenario, seed)
         sim = bench.sim_options(scenario, instances)
         warmup = bench.duration / 4
         opts = Options(rate=rate, duration=bench.duration, seed=seed, bursts=scenario.bursts,

@@ -112,13 +112,21 @@ def capacity(p: Profile, config: SimConfig, speeds: Sequence[float]) -> float:
     return sum(speed * 1000 / call_cost_ms(p, config) for speed in speeds)
 
 
-def rate(scenario: Scenario, config: SimConfig, instances: int, load: float | None = None) -> float:
-    """Poisson arrivals per second for the scenario at its load (or ``load``)."""
+def rate(
+    scenario: Scenario,
+    config: SimConfig,
+    instances: int,
+    load: float | None = None,
+    seed: int = 0,
+) -> float:
+    """Poisson arrivals per second for the scenario at its load (or ``load``), profiled on
+    the seed to be replayed: a seed draws its own prompt and answer lengths (tenants' most
+    of all), so one seed's rate would run another's calls at another share of capacity."""
     speeds = scenario.speeds or (1.0,) * instances
     if len(speeds) != instances:
         raise ValueError(f"{scenario.name} has {len(speeds)} speeds for {instances} instances")
     share = scenario.load if load is None else load
-    return share * capacity(profile(scenario.workload), config, speeds)
+    return share * capacity(profile(scenario.workload, seed), config, speeds)
 
 
 def steady_after(duration: float, requests: int) -> int:

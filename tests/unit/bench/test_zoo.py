@@ -60,6 +60,16 @@ def test_rate_is_the_load_share_of_capacity() -> None:
         zoo.rate(slow, CONFIG, 3)
 
 
+def test_rate_is_profiled_on_the_seed_replayed() -> None:
+    # tenants draw each seed's prompt and answer lengths: one rate for every seed would
+    # load the cluster at 0.71-0.92 of capacity instead of the scenario's 0.8
+    s = zoo.ZOO["tenants"]
+    for seed in (0, 1, 2, 3):
+        full = zoo.capacity(zoo.profile(s.workload, seed), CONFIG, (1.0,) * 4)
+        assert zoo.rate(s, CONFIG, 4, seed=seed) == pytest.approx(s.load * full)
+    assert zoo.rate(s, CONFIG, 4, seed=3) < 0.9 * zoo.rate(s, CONFIG, 4, seed=2)
+
+
 def test_every_scenario_loads_the_cluster_between_half_and_nine_tenths() -> None:
     for s in zoo.ZOO.values():
         peak = s.load * (s.bursts.factor if s.bursts else 1.0)
