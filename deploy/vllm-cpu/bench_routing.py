@@ -54,7 +54,7 @@ SHAPES: dict[str, Workload] = {
     # The zoo's agents and multi-turn shapes, shrunk to the tiny model's 4,096-token
     # context (its tokenizer spends ~1.5 tokens on a word of this vocabulary).
     "agents": Agents(
-        system_words=600,
+        system_words=(600, 600),
         live=12,
         turns_per_conversation=(2, 5),
         message_words=(16, 64),

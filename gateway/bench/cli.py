@@ -185,15 +185,20 @@ def workload_from_args(args: argparse.Namespace) -> Workload:
         "multi-turn": multi,
         "mixed": Mixed(shared, multi),
         "tiny": tiny,
-        "agents": _override(Agents(), system_words=args.system_words),
+        "agents": _override(Agents(), system_words=_span(args.system_words)),
         "documents": Documents(),
         "tenants": Tenants(),
     }
     return chosen[args.workload]
 
 
-def _override(base: D, **changes: int | None) -> D:
+def _override(base: D, **changes: int | tuple[int, int] | None) -> D:
     return replace(base, **{k: v for k, v in changes.items() if v is not None})
+
+
+def _span(value: int | None) -> tuple[int, int] | None:
+    """One length asked for where the workload draws a length from a span."""
+    return None if value is None else (value, value)
 
 
 def options_from_args(args: argparse.Namespace) -> runner.Options:

@@ -208,11 +208,12 @@ class Agents:
 
     Once every backend holds the system prompt, a router that values a match by its share
     of the prompt sees a strong match everywhere; what tells backends apart is each
-    conversation's own history, a fraction of the prompt. Messages vary from a short
-    question to a long tool result, answers from a word to a paragraph.
+    conversation's own history, a fraction of the prompt. The system prompt's length is
+    drawn once per seed (a word of this vocabulary is one cl100k token); messages vary
+    from a short question to a long tool result, answers from a word to a paragraph.
     """
 
-    system_words: int = 1500
+    system_words: Span = (500, 4000)
     live: int = 48
     """Conversations in progress at once."""
     turns_per_conversation: Span = (2, 8)
@@ -225,7 +226,7 @@ class Agents:
 
     def turns(self, seed: int) -> Iterator[Turn]:
         rng = random.Random(f"{seed}:{self.name}")
-        system = text(rng, self.system_words)
+        system = text(rng, rng.randint(*self.system_words))
 
         def new(n: int) -> _Conversation:
             turns = rng.randint(*self.turns_per_conversation)

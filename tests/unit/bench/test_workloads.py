@@ -141,7 +141,7 @@ def assert_whole_conversations(turns: list[Turn], lengths: tuple[int, int]) -> N
 
 
 def test_agents_share_one_long_system_prompt_across_many_conversations() -> None:
-    w = Agents(system_words=700, live=10, turns_per_conversation=(2, 5))
+    w = Agents(system_words=(700, 700), live=10, turns_per_conversation=(2, 5))
     turns = take(w, 1000)
     assert {len(t.system.split()) for t in turns} == {700}
     assert len({t.system for t in turns}) == 1
@@ -159,6 +159,14 @@ def test_agents_share_one_long_system_prompt_across_many_conversations() -> None
         if t.last:
             live.discard(t.conversation)
     assert open_at_once == 10
+
+
+def test_agents_draw_one_system_prompt_length_per_seed_within_its_span() -> None:
+    # the zoo's agents: 500-4,000 tokens (a word of this vocabulary is one cl100k token)
+    lengths = {len(next(iter(Agents().turns(seed))).system.split()) for seed in range(8)}
+    assert all(500 <= n <= 4000 for n in lengths)
+    assert len(lengths) == 8
+    assert lengths == {len(next(iter(Agents().turns(seed))).system.split()) for seed in range(8)}
 
 
 def test_documents_few_long_documents_many_distinct_questions_hottest_first() -> None:
