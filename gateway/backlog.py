@@ -121,7 +121,7 @@ class Backlog:
         """Seconds until a call sent now gets one of ``slots``: ours end when their answers
         are out at the learned decode pace; ``others`` (other replicas' sequences) are
         taken as halfway through a typical call."""
-        if not slots:
+        if not slots or others + len(self._calls) < slots:  # unknown, or one is free now
             return 0.0
         rates = self.rates
         typical = rates.hold(rates.uncached_per_call, rates.completion_per_call)

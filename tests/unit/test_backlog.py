@@ -154,6 +154,19 @@ def test_a_call_beyond_the_slots_waits_for_our_first_answer_to_end() -> None:
     assert backlog.load(waiting=0, running=1, kv_usage=0.0).slot_wait == 0.0
 
 
+def test_other_replicas_sequences_take_slots_too() -> None:
+    backlog = Backlog()
+    backlog.scraped(None, running=2, waiting=1)
+    backlog.scraped(None, running=2, waiting=1)
+    backlog.rates.per_output = 0.1
+    ours = call(1, 0)
+    ours.first_byte_at = ours.dispatched_at
+    backlog.admit(ours)
+    assert backlog.load(waiting=0, running=1, kv_usage=0.0).slot_wait == 0.0  # one free
+    # Another replica's sequence fills the second slot: taken as halfway through a call.
+    assert backlog.load(waiting=0, running=2, kv_usage=0.0).slot_wait > 0.0
+
+
 def test_slot_occupancy_is_averaged_from_the_first_decision_not_from_when_slots_are_known() -> None:
     """The slot count becomes known at a moment the engine is full; an average begun then
     would start at 1 and make the backend look saturated long after."""
