@@ -166,6 +166,7 @@ def test_agents_draw_one_system_prompt_length_per_seed_within_its_span() -> None
     lengths = {len(next(iter(Agents().turns(seed))).system.split()) for seed in range(8)}
     assert all(500 <= n <= 4000 for n in lengths)
     assert len(lengths) == 8
+    # replayable: a seed draws the same length again
     assert lengths == {len(next(iter(Agents().turns(seed))).system.split()) for seed in range(8)}
 
 
