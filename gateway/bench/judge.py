@@ -76,13 +76,12 @@ class Result:
         return self.predictions.get("accurate", 0) / total if total else None
 
     def figure(self, name: str, window: str) -> float | None:
-        """hit, p50, p99, imbalance (calls) or work, over the whole run or the steady
+        """hit, p50, p99 or work (busiest over mean), over the whole run or the steady
         window."""
         whole = {"hit": self.hit_ratio, "p50": self.ttft_p50_ms, "p99": self.ttft_p99_ms,
-                 "imbalance": self.imbalance, "work": self.work_imbalance}  # fmt: skip
+                 "work": self.work_imbalance}  # fmt: skip
         steady = {"hit": self.steady_hit, "p50": self.steady_p50_ms,
-                  "p99": self.steady_p99_ms, "imbalance": self.steady_imbalance,
-                  "work": self.steady_work_imbalance}  # fmt: skip
+                  "p99": self.steady_p99_ms, "work": self.steady_work_imbalance}  # fmt: skip
         return (steady if window == "steady" else whole)[name]
 
 
@@ -98,7 +97,7 @@ class Check:
 
 
 Figures = dict[str, dict[str, float]]
-"""Per configuration, its mean figures (hit, p50, p99, imbalance, work) in one window."""
+"""Per configuration, its mean figures (hit, p50, p99, work) in one window."""
 Goal = tuple[str, str, Callable[[Figures], float | None], Callable[[float, float], bool]]
 
 
@@ -158,7 +157,7 @@ def _groups(results: Sequence[Result]) -> dict[tuple[str, int], list[Result]]:
 
 def _mean(runs: Sequence[Result], window: str) -> dict[str, float]:
     out = {}
-    for name in ("hit", "p50", "p99", "imbalance", "work"):
+    for name in ("hit", "p50", "p99", "work"):
         known = [v for r in runs if (v := r.figure(name, window)) is not None]
         out[name] = sum(known) / len(known) if known else math.nan
     return out
