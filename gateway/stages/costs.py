@@ -116,6 +116,11 @@ class Rates:
             return 0.0
         return self._scale / math.sqrt(min(self.observations, MEMORY))
 
+    @property
+    def residual(self) -> float:
+        """Typical error of one call's predicted TTFT (none before any observation)."""
+        return self._scale if self.observations else 0.0
+
     def observe(self, tokens: float, running: float, seconds: float) -> None:
         """A call that waited ``seconds`` for its first byte, with ``tokens`` of prefill
         ahead of and in it and ``running`` sequences beside it."""

@@ -21,8 +21,9 @@ utilization and cache turnover measured now but lived in over the conversation's
 and re-deciding on every turn's reading would move conversations on noise, each move a
 prefill of the history and a dead copy of it left behind.
 
-- Costs within the error of the learned rates of the cheapest (an idle cluster, nothing
-  held, or the same prefix held everywhere) are ties: they go to the backend holding the
+- Costs within the error of the cheapest's estimate (:func:`error`: an idle cluster,
+  nothing held, the same prefix held everywhere, or a later turn's saving within what
+  one call's forecast misses by) are ties: they go to the backend holding the
   most of the prompt, which leaves the least to prefill (a later turn whose costs tie
   stays with its history: moving it would prefill the history again and leave a dead
   copy behind, for a saving the estimates cannot show); a call that starts a stream,
@@ -290,14 +291,19 @@ class RoundRobin:
 
 
 def error(c: Candidate, starts: bool) -> float:
-    """The error of the call's estimated cost there. For a later turn where it would wait
-    for a slot, the slot-wait forecast's per-call error adds to the rates': leaving its
-    history's backend costs a sure prefill for a saving the forecast only promises, and a
-    saving within the forecast's error is noise that moves conversations (each move a
-    prefill of the history, capacity the cluster no longer has for anyone)."""
-    if starts or not c.ahead.slot_wait:
+    """The error of the call's estimated cost there.
+
+    A start's cost is what a conversation will pay over its life there: its error is the
+    learned rates' (the typical residual over the square root of the calls behind them).
+    A later turn's is what this one call would save by leaving its history's backend, a
+    forecast of the queue of the moment: it misses by as much as one call's TTFT misses
+    its forecast (the typical residual itself), and by the slot-wait forecast's own error
+    where it would wait for a slot. Leaving costs a sure prefill of the history and leaves
+    a dead copy behind, for a saving within that error: noise that moves conversations,
+    each move capacity the cluster no longer has for anyone."""
+    if starts:
         return c.rates.error
-    return c.rates.error + c.rates.slot_error
+    return c.rates.residual + (c.rates.slot_error if c.ahead.slot_wait else 0.0)
 
 
 def healthy_only(candidates: Sequence[Candidate]) -> list[Candidate]:

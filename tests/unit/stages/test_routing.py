@@ -6,10 +6,10 @@ from collections import Counter
 import pytest
 
 from gateway.errors import BackendUnavailable
-from gateway.flow import PrefixKey, Request
+from gateway.flow import PrefixKey, Request, Route
 from gateway.index.memory import MemoryIndex
 from gateway.settings import PrefixSettings, RoutingSettings
-from gateway.stages.costs import Load, Rates
+from gateway.stages.costs import Load, Rates, cost
 from gateway.stages.prefix import PrefixHasher
 from gateway.stages.routing import (
     TIE_ERRORS,
@@ -457,6 +457,37 @@ def test_a_later_turn_whose_costs_tie_stays_with_its_history() -> None:
     assert 0 < costs[0] - costs[1] < TIE_ERRORS * rates.error < history
     route = policy.choose("m", key(18, anchor=7), {home: 18, other: 2}, busy_home)
     assert (route.backend, route.decision) == (home, "hit")
+
+
+def test_a_later_turn_leaves_its_history_only_for_more_than_one_call_misses_by() -> None:
+    """Rates fitted to TTFTs that scatter by half their value know a typical call's TTFT
+    to ~2 ms, one call's only to ~27 ms. A home queue that costs 20 ms more than a
+    prefill of the history elsewhere is a saving the fit shows and this one call may well
+    not see: the turn stays with its history. A queue worth 100 ms more moves it."""
+    policy = CacheAware(RoutingSettings())
+    rates = noisy_rates(3)
+    alike = [Candidate(f"b{i}", True, 0, rates=rates) for i in range(2)]
+    home = policy.choose("m", key(3, anchor=7), {}, alike).backend
+    other = "b1" if home == "b0" else "b0"
+
+    def turn(blocks: int, saving: float) -> Route:
+        """A turn of ``blocks``: home holds all but two, the other backend two, and home's
+        queue costs ``saving`` more than the other's prefill of the history."""
+        queue = saving / rates.per_token + (blocks - 4) * B
+        here = cost(rates, Load(queued_tokens=queue), 2 * B, 0, 0, 0)
+        there = cost(rates, Load(), (blocks - 2) * B, 0, 0, 0)
+        assert here - there == pytest.approx(saving)
+        cands = [
+            Candidate(c.name, True, 0, rates=rates,
+                      ahead=Load(queued_tokens=queue) if c.name == home else Load())
+            for c in alike
+        ]  # fmt: skip
+        return policy.choose("m", key(blocks, anchor=7), {home: blocks - 2, other: 2}, cands)
+
+    assert TIE_ERRORS * rates.error < 0.02 < TIE_ERRORS * rates.residual < 0.1
+    stays, moves = turn(20, 0.02), turn(22, 0.1)
+    assert (stays.backend, stays.decision) == (home, "hit")
+    assert (moves.backend, moves.decision) == (other, "overflow")
 
 
 def test_a_turn_whose_stream_was_forgotten_still_continues_where_its_history_is() -> None:
