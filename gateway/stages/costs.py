@@ -278,8 +278,11 @@ class Sharing:
     A call that starts a stream (or stands alone) on a prefix others have used recently
     is one of many: an agent's system prompt, a popular document. Whether a copy of that
     prefix elsewhere pays is a question about all of them, not about this call alone
-    (:func:`relief`). The starts of about the last ``MEMORY`` starts are taken as the
-    starts of a like span to come; counted per replica, as :class:`Streams`.
+    (:func:`relief`). The share of about the last ``MEMORY`` starts that shared it is
+    taken as its share of as many to come, from the second start on: the count alone
+    would take the few starts seen at first for all that come, and a prompt every
+    conversation shares would be copied only once a crowd of them had piled onto its
+    first holder. Counted per replica, as :class:`Streams`.
     """
 
     def __init__(self, remembered: int = 16 * MEMORY) -> None:
@@ -292,16 +295,20 @@ class Sharing:
 
     def count(self, prefix: int | None) -> float:
         """Count a start whose prompt's longest held prefix is ``prefix`` (None: nothing
-        held); the starts that shared it before, each weighed down by the starts since."""
+        held); how many of the next ``MEMORY`` starts will share it: the decayed count of
+        the starts that shared it before over the decayed count of all starts before, as
+        many times as a memory holds."""
         self._starts += 1
         if prefix is None:
             return 0.0
         count, at = self._counts.pop(prefix, (0.0, self._starts))
-        before = count * (1.0 - 1.0 / MEMORY) ** (self._starts - at)
+        keep = 1.0 - 1.0 / MEMORY
+        before = count * keep ** (self._starts - at)
         self._counts[prefix] = (before + 1.0, self._starts)
         if len(self._counts) > self._remembered:
             self._counts.popitem(last=False)
-        return before
+        starts_before = (1.0 - keep ** (self._starts - 1)) * MEMORY  # decayed, as ``before``
+        return MEMORY * before / starts_before if starts_before else 0.0
 
 
 def slot_wait(running: list[float], waiting: list[float], slots: int) -> float:

@@ -106,11 +106,16 @@ def test_streams_remember_at_most_their_bound_however_many_conversations_start()
     assert streams.footprint("b0") + streams.footprint("b1") == pytest.approx(100 * 10)
 
 
-def test_sharing_counts_the_recent_starts_on_each_prefix() -> None:
+def test_sharing_expects_the_share_of_recent_starts_on_a_prefix_of_those_to_come() -> None:
     sharing = Sharing()
-    assert sharing.count(None) == 0.0
+    assert sharing.count(7) == 0.0  # the first start: none before it to go by
     keep = 1 - 1 / MEMORY  # each start since weighs a count down by this
-    assert [sharing.count(7) for _ in range(3)] == pytest.approx([0, keep, (1 + keep) * keep])
+    # Every start so far shared it: so will about a memory's worth of those to come, from
+    # the second start on (counted alone, the few seen would stand for all to come).
+    assert [sharing.count(7) for _ in range(2)] == pytest.approx([keep * MEMORY] * 2)
+    assert sharing.count(None) == 0.0
+    # three of the four starts before this one shared it
+    assert sharing.count(7) == pytest.approx(0.75 * MEMORY, rel=0.01)
     for _ in range(10 * MEMORY):  # starts on other prompts: the prefix is no longer hot
         sharing.count(None)
     assert sharing.count(7) < 0.01
@@ -125,7 +130,9 @@ def test_sharing_remembers_at_most_its_bound() -> None:
         sharing.count(prefix)
         assert len(sharing._counts) <= 10
     assert sharing.count(0) == 0.0  # forgotten
-    assert sharing.count(99) == pytest.approx((1 - 1 / MEMORY) ** 2)  # two starts since
+    keep = 1 - 1 / MEMORY
+    # counted once, two starts since, of the 101 before it
+    assert sharing.count(99) == pytest.approx(keep**2 / (1 - keep**101))
 
 
 def test_a_copy_relieves_the_sharers_of_the_holders_sustained_load_only() -> None:
