@@ -108,18 +108,16 @@ class Rates:
         self.decodes += 1
 
     @property
-    def error(self) -> float:
-        """Standard error of a predicted TTFT: the typical residual over the square root of
-        the observations behind the fit (at most ``MEMORY``). None yet: the estimate is
-        the prior every backend starts from, so no noise sets two backends apart."""
-        if not self.observations:
-            return 0.0
-        return self._scale / math.sqrt(min(self.observations, MEMORY))
+    def residual(self) -> float:
+        """Typical error of one call's predicted TTFT. None yet: the estimate is the prior
+        every backend starts from, so no noise sets two backends apart."""
+        return self._scale if self.observations else 0.0
 
     @property
-    def residual(self) -> float:
-        """Typical error of one call's predicted TTFT (none before any observation)."""
-        return self._scale if self.observations else 0.0
+    def error(self) -> float:
+        """Standard error of the predicted mean TTFT: the typical residual over the square
+        root of the observations behind the fit (at most ``MEMORY``)."""
+        return self.residual / math.sqrt(max(min(self.observations, MEMORY), 1))
 
     def observe(self, tokens: float, running: float, seconds: float) -> None:
         """A call that waited ``seconds`` for its first byte, with ``tokens`` of prefill
