@@ -80,9 +80,9 @@ class Bench:
         speed = ",".join(f"{v * self.speed:g}" for v in speeds)
         return ["--max-num-seqs", str(self.max_num_seqs), "--speed", speed]
 
-    def rate(self, scenario: zoo.Scenario, seed: int = 0) -> float:
+    def rate(self, scenario: zoo.Scenario, seed: int) -> float:
         config = SimConfig(cache_blocks=self.cache_blocks, max_num_seqs=self.max_num_seqs)
-        at_speed_one = zoo.rate(scenario, config, self.instances, self.load, seed)
+        at_speed_one = zoo.rate(scenario, config, self.instances, self.load, seed=seed)
         return at_speed_one * self.speed
 
 

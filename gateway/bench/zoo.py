@@ -117,7 +117,8 @@ def rate(
     config: SimConfig,
     instances: int,
     load: float | None = None,
-    seed: int = 0,
+    *,
+    seed: int,
 ) -> float:
     """Poisson arrivals per second for the scenario at its load (or ``load``), profiled on
     the seed to be replayed: a seed draws its own prompt and answer lengths (tenants' most

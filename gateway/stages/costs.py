@@ -37,6 +37,8 @@ PRIOR_PER_OUTPUT = 0.02
 MEMORY = 200
 """Observations the estimates average over (their forgetting horizon): enough to average
 out one noisy call, few enough to follow a backend that slows down within a minute."""
+KEEP = 1.0 - 1.0 / MEMORY
+"""What an exponential average over ``MEMORY`` observations keeps of itself at each one."""
 TYPICAL_TOKENS, TYPICAL_RUNNING = 1000.0, 10.0
 """Scales at which the priors count as observations, so a backend whose calls all look
 alike (all hits, say) keeps the prior's slope instead of an arbitrary one."""
@@ -124,13 +126,12 @@ class Rates:
         ahead of and in it and ``running`` sequences beside it."""
         residual = abs(seconds - self.ttft(tokens, running))
         weight = min(1.0, OUTLIER * self._scale / residual) if residual > 0 else 1.0
-        keep = 1.0 - 1.0 / MEMORY
-        self._scale = keep * self._scale + (1 - keep) * max(residual, 1e-4)
+        self._scale = KEEP * self._scale + (1 - KEEP) * max(residual, 1e-4)
         x = (1.0, tokens, running)
         for i in range(3):
-            self._xy[i] = keep * self._xy[i] + weight * x[i] * seconds
+            self._xy[i] = KEEP * self._xy[i] + weight * x[i] * seconds
             for j in range(3):
-                self._xx[i][j] = keep * self._xx[i][j] + weight * x[i] * x[j]
+                self._xx[i][j] = KEEP * self._xx[i][j] + weight * x[i] * x[j]
         self.observations += 1
         self._fit()
 
@@ -229,8 +230,7 @@ class Streams:
         now = self._clock()
         self._expire(now)
         home = self._homes.get(anchor)
-        keep = 1.0 - 1.0 / MEMORY
-        self._starts = keep * self._starts + (1 - keep) * (home is None and not continues)
+        self._starts = KEEP * self._starts + (1 - KEEP) * (home is None and not continues)
         if home is not None:
             self.gap = blend(self.gap, now - home.seen, self._gaps)
             self._gaps += 1
@@ -300,12 +300,11 @@ class Sharing:
         if prefix is None:
             return 0.0
         count, at = self._counts.pop(prefix, (0.0, self._starts))
-        keep = 1.0 - 1.0 / MEMORY
-        before = count * keep ** (self._starts - at)
+        before = count * KEEP ** (self._starts - at)
         self._counts[prefix] = (before + 1.0, self._starts)
         if len(self._counts) > self._remembered:
             self._counts.popitem(last=False)
-        starts_before = (1.0 - keep ** (self._starts - 1)) * MEMORY  # decayed, as ``before``
+        starts_before = (1.0 - KEEP ** (self._starts - 1)) * MEMORY  # decayed, as ``before``
         return MEMORY * before / starts_before if starts_before else 0.0
 
 

@@ -22,8 +22,8 @@ def test_a_list_of_scenarios_and_quick() -> None:
 def test_rate_scales_with_speed_and_load_and_the_slow_instance_is_slow() -> None:
     agents, slow = zoo.ZOO["agents"], zoo.ZOO["slow-backend"]
     base = Bench()
-    assert Bench(speed=2 * base.speed).rate(agents) == 2 * base.rate(agents)
-    assert Bench(load=0.5).rate(agents) < base.rate(agents) < Bench(load=0.9).rate(agents)
+    assert Bench(speed=2 * base.speed).rate(agents, 0) == 2 * base.rate(agents, 0)
+    assert Bench(load=0.5).rate(agents, 0) < base.rate(agents, 0) < Bench(load=0.9).rate(agents, 0)
     speeds = base.sim_options(slow, 4)[-1].split(",")
     assert [float(v) for v in speeds] == [base.speed] * 3 + [base.speed / 2]
     assert base.sim_options(slow, 1)[-1] == f"{base.speed:g}"

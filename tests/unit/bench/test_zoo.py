@@ -52,12 +52,12 @@ def test_capacity_follows_the_simulator_cost_model() -> None:
 def test_rate_is_the_load_share_of_capacity() -> None:
     s = zoo.ZOO["multi-turn"]
     full = zoo.capacity(zoo.profile(s.workload), CONFIG, (1.0,) * 4)
-    assert zoo.rate(s, CONFIG, 4) == pytest.approx(s.load * full)
-    assert zoo.rate(s, CONFIG, 4, load=0.5) == pytest.approx(0.5 * full)
+    assert zoo.rate(s, CONFIG, 4, seed=0) == pytest.approx(s.load * full)
+    assert zoo.rate(s, CONFIG, 4, load=0.5, seed=0) == pytest.approx(0.5 * full)
     slow = zoo.ZOO["slow-backend"]
-    assert zoo.rate(slow, CONFIG, 4, load=1.0) == pytest.approx(full * 3.5 / 4)
+    assert zoo.rate(slow, CONFIG, 4, load=1.0, seed=0) == pytest.approx(full * 3.5 / 4)
     with pytest.raises(ValueError, match="4 speeds for 3 instances"):
-        zoo.rate(slow, CONFIG, 3)
+        zoo.rate(slow, CONFIG, 3, seed=0)
 
 
 def test_rate_is_profiled_on_the_seed_replayed() -> None:
@@ -74,6 +74,6 @@ def test_every_scenario_loads_the_cluster_between_half_and_nine_tenths() -> None
     for s in zoo.ZOO.values():
         peak = s.load * (s.bursts.factor if s.bursts else 1.0)
         assert 0.5 <= peak <= 0.9, s.name
-        assert zoo.rate(s, CONFIG, 4) > 0
+        assert zoo.rate(s, CONFIG, 4, seed=0) > 0
     assert zoo.ZOO["bursts"].bursts == Bursts(length=10, factor=2)
     assert not zoo.ZOO["slow-backend"].balanceable
