@@ -119,31 +119,50 @@ class Backlog:
 
     def slot_wait(self, now: float, others: int, slots: int) -> float:
         """Seconds until a call sent now gets one of ``slots``: ours end when their answers
-        are out at the learned decode pace; ``others`` (other replicas' sequences) are
-        taken as halfway through a typical call."""
+        are out at the pace the engine decodes now; ``others`` (other replicas' sequences)
+        are taken as halfway through a typical call."""
         if not slots or others + len(self._calls) < slots:  # unknown, or one is free now
             return 0.0
         rates = self.rates
-        typical = rates.hold(rates.uncached_per_call, rates.completion_per_call)
         calls = list(self._calls.values())
+        pace = self._pace(calls)
+        typical = rates.hold(rates.uncached_per_call, rates.completion_per_call, pace)
         admitted = max(slots - others, 0)
         running = [typical / 2] * min(others, slots)
-        running += [self._left(s.call, now) for s in calls[:admitted]]
+        running += [self._left(s.call, now, pace) for s in calls[:admitted]]
         waiting = [typical] * max(others - slots, 0)
-        waiting += [rates.hold(s.uncached, self._answer(s.call)) for s in calls[admitted:]]
+        waiting += [rates.hold(s.uncached, self._answer(s.call), pace) for s in calls[admitted:]]
         return slot_wait(running, waiting, slots)
 
-    def _left(self, call: Call, now: float) -> float:
-        """Seconds until the call ends: its first token (seen, or when expected) plus its
-        answer at the decode pace."""
+    def _pace(self, calls: list[Sent]) -> float:
+        """Seconds per answer token the engine decodes at now: over our streams past their
+        first tokens, the time from it to their last relayed over the tokens relayed since;
+        the learned pace until one is. Every sequence running there decodes in the same
+        steps, so when it runs more than usual all are slower than the learned pace, which
+        is when slots are awaited: at the learned pace, answers would look over that have
+        tokens to go."""
+        spent = tokens = 0.0
+        for s in calls:
+            call = s.call
+            if call.first_byte_at is not None and call.relayed_at is not None:
+                spent += call.relayed_at - call.first_byte_at
+                tokens += max(call.events - 2, 0)  # past its opening and first token
+        return spent / tokens if tokens else self.rates.per_output
+
+    def _left(self, call: Call, now: float, pace: float) -> float:
+        """Seconds until the call ends: its answer's tokens still to come at ``pace``,
+        after its first token (seen, or when expected)."""
         assert call.route is not None
         assert call.dispatched_at is not None
+        answer = self._answer(call)
         start = call.first_byte_at
         if start is None:
             start = call.dispatched_at + call.route.expected_ttft
             if call.request is not None and call.request.stream:
                 start = max(start, now)  # late: not begun yet
-        return max(start + self.rates.per_output * self._answer(call) - now, 0.0)
+        elif call.events > 1:  # a stream: its tokens so far are known
+            return max(answer - (call.events - 1), 0) * pace
+        return max(start + pace * answer - now, 0.0)
 
     def load(self, waiting: int, running: int, kv_usage: float, peer_slots: int = 0) -> Load:
         """What a call routed now finds here; ``waiting``, ``running`` and ``kv_usage`` are

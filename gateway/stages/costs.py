@@ -93,10 +93,10 @@ class Rates:
     def ttft(self, tokens: float, running: float) -> float:
         return self.overhead + self.per_token * tokens + self.per_running * running
 
-    def hold(self, uncached: float, completion: float) -> float:
+    def hold(self, uncached: float, completion: float, pace: float) -> float:
         """Seconds a call holds its sequence slot once admitted: its prefill, then its
-        answer at the backend's decode pace."""
-        return self.overhead + self.per_token * uncached + self.per_output * completion
+        answer at ``pace`` seconds a token."""
+        return self.overhead + self.per_token * uncached + pace * completion
 
     def waited(self, predicted: float, seconds: float) -> None:
         """A call expected to wait for a slot waited ``seconds`` for its first byte, where

@@ -82,9 +82,12 @@ class StreamRelay(Response):
         try:
             async for data in self.upstream.chunks():
                 out = scanner.feed(data)
+                now = time.perf_counter()
                 if call.first_byte_at is None and scanner.token_seen:
-                    call.first_byte_at = time.perf_counter()
+                    call.first_byte_at = now
                 if out:
+                    call.events += out.count(b"\n\n")
+                    call.relayed_at = now
                     self.answered = scanner.ended
                     yield out
         except GatewayError as exc:

@@ -154,6 +154,30 @@ def test_a_call_beyond_the_slots_waits_for_our_first_answer_to_end() -> None:
     assert backlog.load(waiting=0, running=1, kv_usage=0.0).slot_wait == 0.0
 
 
+def test_slow_answers_hold_their_slots_for_the_tokens_they_have_left_at_the_pace_seen() -> None:
+    """A stream 2 s past its first token, at the learned 0.1 s a token, would be over; it
+    has relayed 6 of its 10 tokens (after its opening): 0.4 s a token, 1.6 s to go. One
+    just begun beside it decodes in the same steps: 9 tokens to go at 0.4 s."""
+    backlog = Backlog()
+    backlog.scraped(None, running=2, waiting=1)
+    backlog.scraped(None, running=2, waiting=1)
+    backlog.rates.per_output = 0.1
+    slow, new = call(1, 0), call(2, 0)
+    for c in (slow, new):
+        backlog.admit(c)
+    slow.relayed_at = time.perf_counter()
+    slow.first_byte_at = slow.relayed_at - 2.0
+    slow.events = 1 + 6
+    new.first_byte_at = new.relayed_at = time.perf_counter()
+    new.events = 1 + 1
+    # At the learned pace the one begun would end first, in 0.9 s.
+    assert backlog.load(waiting=0, running=2, kv_usage=0.0).slot_wait == pytest.approx(
+        1.6, abs=0.05
+    )
+    slow.events = 1 + 10  # all its tokens out: it ends as soon as its last events do
+    assert backlog.load(waiting=0, running=2, kv_usage=0.0).slot_wait == 0.0
+
+
 def test_other_replicas_sequences_take_slots_too() -> None:
     backlog = Backlog()
     backlog.scraped(None, running=2, waiting=1)

@@ -240,6 +240,7 @@ async def test_a_stream_ends_only_after_its_relay_with_what_the_scanner_found(
     [(call, cost)] = svc.ledger.rows
     assert call.usage == Usage(prompt_tokens=90, cached_tokens=64, completion_tokens=3)
     assert call.reply == "an answer"
+    assert call.events == 2  # the answer's event and [DONE]: the usage event was dropped
     assert svc.limits.spent == [cost.total] == [3000]
     assert svc.backends.backends["b0"].in_flight == 0
 

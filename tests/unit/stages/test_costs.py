@@ -231,7 +231,7 @@ def test_the_decode_pace_is_learned_and_sets_how_long_a_call_holds_its_slot() ->
     for _ in range(50):
         rates.decoded(0.05)
     assert rates.per_output == pytest.approx(0.05)
-    assert rates.hold(0, 100) == pytest.approx(rates.overhead + 5.0)
+    assert rates.hold(0, 100, rates.per_output) == pytest.approx(rates.overhead + 5.0)
 
 
 def test_only_a_call_expected_to_find_a_slot_teaches_the_ttft_fit() -> None:
