@@ -182,6 +182,7 @@ class Backlog:
             queued_tokens=ours + theirs,
             running=max(running, len(self._calls)),
             slot_wait=self.slot_wait(now, others, slots),
+            slots=slots,
             utilization=max(self.busy, self.occupied(slots), 1 - free / capacity),
             free_tokens=free,
             full=min(self.written_tokens / capacity, 1.0),

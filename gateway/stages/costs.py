@@ -346,6 +346,8 @@ class Load:
     every token written evicts one."""
     slot_wait: float = 0.0
     """Seconds until a call sent now gets a sequence slot there (:func:`slot_wait`)."""
+    slots: int = 0
+    """The most sequences the engine runs at once; 0 while not known."""
 
 
 def evicted(free_tokens: float, wanted: float) -> float:
@@ -381,6 +383,15 @@ def cost(
     warrants (a conversation that starts there and leaves for a faster one at its next
     turn prefills its history twice).
 
+    A conversation that starts where it waits for a slot will hold one once admitted, for
+    its prefill and its answer: the calls queued for a slot behind it wait that much
+    longer, a ``1 / slots`` share of it each (the slots serve as one server that many
+    times as fast), as many of them as the queueing at the backend's utilization says.
+    Without it a full backend holding a popular prompt looked cheaper than a copy of the
+    prompt elsewhere (a prefill there holds up the answers running beside it) for every
+    new conversation on it. A later turn's slot is its conversation's, already part of
+    the load its backend carries: weighed at its start, as the later calls are.
+
     The slot wait counts for every call, a conversation's later turns too: a turn whose
     backend is full for longer than its history takes to prefill elsewhere is served
     sooner elsewhere. What keeps such moves from costing more than they save is the
@@ -402,6 +413,9 @@ def cost(
     now = ahead + prefill * (1.0 + crowd + evicts + load.running)
     if later_calls <= 0:
         return now
+    if load.slot_wait > 0 and load.slots:  # the calls queued behind it wait out its hold
+        hold = rates.hold(uncached, rates.completion_per_call, rates.per_output)
+        now += crowd * hold / load.slots
     lost = evicted(load.free_tokens, wanted + footprint)
     typical = meets(rates, load, rates.uncached_per_call)
     return now + later_calls * (typical + rates.per_token * footprint * lost)

@@ -218,6 +218,19 @@ def test_the_slot_wait_weighs_on_every_call() -> None:
     )
 
 
+def test_a_start_that_waits_for_a_slot_delays_the_calls_queued_behind_it_by_its_hold() -> None:
+    """Eight slots serve as one server eight times as fast: each call queued behind it
+    waits an eighth of its hold longer, and at utilization 0.8 four calls are. A later
+    turn (no later calls) waits, and that is all."""
+    rates = Rates()
+    hold = rates.hold(100, rates.completion_per_call, rates.per_output)
+    full = Load(slot_wait=1.5, slots=8, utilization=0.8)
+    free = Load(slots=8, utilization=0.8)
+    extra = cost(rates, full, 100, 5, 0, 0) - cost(rates, free, 100, 5, 0, 0)
+    assert extra == pytest.approx(1.5 + 4 * hold / 8)
+    assert cost(rates, full, 100, 0, 0, 0) - cost(rates, free, 100, 0, 0, 0) == 1.5
+
+
 def test_a_prefill_holds_up_every_answer_running_beside_it() -> None:
     """Each step that prefills it decodes the running sequences that much later."""
     rates = Rates()
