@@ -215,9 +215,7 @@ class Streams:
         """Live streams per backend they call home."""
         self._remembered = remembered
         self._starts = 0.5
-        """Share of calls that start a stream: before any evidence, as likely as not (that
-        guess counts as one call; then the mean of the calls seen, over ``MEMORY`` at most)."""
-        self._calls = 1
+        """Share of calls that start a stream: before any evidence, as likely as not."""
         self.gap = 0.0
         """Mean seconds between a stream's consecutive calls."""
         self._gaps = 0
@@ -232,8 +230,7 @@ class Streams:
         now = self._clock()
         self._expire(now)
         home = self._homes.get(anchor)
-        self._starts = blend(self._starts, home is None and not continues, self._calls)
-        self._calls += 1
+        self._starts = KEEP * self._starts + (1 - KEEP) * (home is None and not continues)
         if home is not None:
             self.gap = blend(self.gap, now - home.seen, self._gaps)
             self._gaps += 1

@@ -72,19 +72,6 @@ def test_streams_count_the_calls_that_follow_a_first_and_the_gap() -> None:
     assert streams.later_calls < 0.05
 
 
-def test_streams_know_how_many_calls_follow_a_first_within_a_few_conversations() -> None:
-    """Interleaved conversations of six calls: once a dozen have ended, five follow each
-    first call (a running average from the prior would still say fewer than two)."""
-    now = [0.0]
-    streams = Streams(lambda: now[0])
-    for step in range(12 + 5):
-        for conversation in range(max(step - 5, 0), min(step, 11) + 1):
-            now[0] += 0.1
-            streams.count(conversation)
-            streams.place(conversation, "b0", 100)
-    assert streams.later_calls == pytest.approx(5, rel=0.1)
-
-
 def test_streams_know_what_each_backend_will_want_cached() -> None:
     now = [0.0]
     streams = Streams(lambda: now[0])
