@@ -102,6 +102,8 @@ class Backlog:
     def admit(self, call: Call) -> None:
         """Count in a call just sent here (its route and dispatch time set)."""
         sent = Sent(call, prefilled_by(call), self._uncached(call), self._kv_of(call))
+        if self.slots:  # its end may be awaited: count its answer's progress
+            call.events = 0
         self._calls[call.id] = sent
         self.kv_tokens += sent.kv
         self.written_tokens += sent.uncached
@@ -125,7 +127,7 @@ class Backlog:
             return 0.0
         rates = self.rates
         calls = list(self._calls.values())
-        pace = self._pace(calls)
+        pace = self._pace(calls, now)
         typical = rates.hold(rates.uncached_per_call, rates.completion_per_call, pace)
         admitted = max(slots - others, 0)
         running = [typical / 2] * min(others, slots)
@@ -134,19 +136,20 @@ class Backlog:
         waiting += [rates.hold(s.uncached, self._answer(s.call), pace) for s in calls[admitted:]]
         return slot_wait(running, waiting, slots)
 
-    def _pace(self, calls: list[Sent]) -> float:
+    def _pace(self, calls: list[Sent], now: float) -> float:
         """Seconds per answer token the engine decodes at now: over our streams past their
-        first tokens, the time from it to their last relayed over the tokens relayed since;
-        the learned pace until one is. Every sequence running there decodes in the same
-        steps, so when it runs more than usual all are slower than the learned pace, which
-        is when slots are awaited: at the learned pace, answers would look over that have
-        tokens to go."""
+        first tokens, the time since it over the tokens relayed since (a little over the
+        pace, by the part of a step since each last token: the relay notes no time per
+        piece, which would cost every token); the learned pace until one is. Every
+        sequence running there decodes in the same steps, so when it runs more than usual
+        all are slower than the learned pace, which is when slots are awaited: at the
+        learned pace, answers would look over that have tokens to go."""
         spent = tokens = 0.0
         for s in calls:
-            call = s.call
-            if call.first_byte_at is not None and call.relayed_at is not None:
-                spent += call.relayed_at - call.first_byte_at
-                tokens += max(call.events - 2, 0)  # past its opening and first token
+            call, events = s.call, s.call.events or 0
+            if call.first_byte_at is not None and events > 2:  # its opening, 1st, more
+                spent += now - call.first_byte_at
+                tokens += events - 2
         return spent / tokens if tokens else self.rates.per_output
 
     def _left(self, call: Call, now: float, pace: float) -> float:
@@ -160,7 +163,7 @@ class Backlog:
             start = call.dispatched_at + call.route.expected_ttft
             if call.request is not None and call.request.stream:
                 start = max(start, now)  # late: not begun yet
-        elif call.events > 1:  # a stream: its tokens so far are known
+        elif call.events is not None and call.events > 1:  # a stream, its tokens counted
             return max(answer - (call.events - 1), 0) * pace
         return max(start + pace * answer - now, 0.0)
 

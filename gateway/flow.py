@@ -197,10 +197,10 @@ class Call:
     route: Route | None = None  # stages.dispatch (batching, for a call sharing another's)
     dispatched_at: float | None = None  # stages.dispatch (batching, as for route)
     first_byte_at: float | None = None  # stages.relay: a stream's first token
-    events: int = 0  # stages.relay
+    events: int | None = None  # backlog (0: to count), stages.relay
     """Events of a stream relayed so far (its opening, then about one per token): how far
-    its answer has got, for when it will end and free its sequence slot."""
-    relayed_at: float | None = None  # stages.relay: when its last events were relayed
+    its answer has got, for when it will end and free its sequence slot. Counted only on
+    a backend whose slots are known to run out (a scan of every byte relayed)."""
     done_at: float | None = None  # stages.relay (a stream's), pipeline
     overhead: float | None = None  # pipeline (a whole answer's, as sent), else its end
     """Seconds spent in the gateway itself rather than waiting on the backend."""

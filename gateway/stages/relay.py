@@ -82,12 +82,11 @@ class StreamRelay(Response):
         try:
             async for data in self.upstream.chunks():
                 out = scanner.feed(data)
-                now = time.perf_counter()
                 if call.first_byte_at is None and scanner.token_seen:
-                    call.first_byte_at = now
+                    call.first_byte_at = time.perf_counter()
                 if out:
-                    call.events += out.count(b"\n\n")
-                    call.relayed_at = now
+                    if call.events is not None:
+                        call.events += out.count(b"\n\n")
                     self.answered = scanner.ended
                     yield out
         except GatewayError as exc:

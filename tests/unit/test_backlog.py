@@ -165,11 +165,9 @@ def test_slow_answers_hold_their_slots_for_the_tokens_they_have_left_at_the_pace
     slow, new = call(1, 0), call(2, 0)
     for c in (slow, new):
         backlog.admit(c)
-    slow.relayed_at = time.perf_counter()
-    slow.first_byte_at = slow.relayed_at - 2.0
+    slow.first_byte_at = time.perf_counter() - 2.0
     slow.events = 1 + 6
-    new.first_byte_at = new.relayed_at = time.perf_counter()
-    new.events = 1 + 1
+    new.first_byte_at, new.events = time.perf_counter(), 1 + 1
     # At the learned pace the one begun would end first, in 0.9 s.
     assert backlog.load(waiting=0, running=2, kv_usage=0.0).slot_wait == pytest.approx(
         1.6, abs=0.05

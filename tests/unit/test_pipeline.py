@@ -240,9 +240,19 @@ async def test_a_stream_ends_only_after_its_relay_with_what_the_scanner_found(
     [(call, cost)] = svc.ledger.rows
     assert call.usage == Usage(prompt_tokens=90, cached_tokens=64, completion_tokens=3)
     assert call.reply == "an answer"
-    assert call.events == 2  # the answer's event and [DONE]: the usage event was dropped
+    assert call.events is None  # no slots known at its backend: nothing awaits its end
     assert svc.limits.spent == [cost.total] == [3000]
     assert svc.backends.backends["b0"].in_flight == 0
+
+
+async def test_a_stream_to_a_backend_whose_slots_run_out_counts_its_events(
+    steps: list[str],
+) -> None:
+    svc = services(steps, FakeUpstream(EVENTS))
+    svc.backends.backends["b0"].backlog.slots = 8
+    await relay(await handle(svc, body(stream=True)))
+    [(call, _)] = svc.ledger.rows
+    assert call.events == 2  # the answer's event and [DONE]: the usage event was dropped
 
 
 async def test_a_stream_keeps_its_usage_event_for_a_client_that_asked(steps: list[str]) -> None:
