@@ -137,13 +137,11 @@ class Backlog:
         return slot_wait(running, waiting, slots)
 
     def _pace(self, calls: list[Sent], now: float) -> float:
-        """Seconds per answer token the engine decodes at now: over our streams past their
-        first tokens, the time since it over the tokens relayed since (a little over the
-        pace, by the part of a step since each last token: the relay notes no time per
-        piece, which would cost every token); the learned pace until one is. Every
-        sequence running there decodes in the same steps, so when it runs more than usual
-        all are slower than the learned pace, which is when slots are awaited: at the
-        learned pace, answers would look over that have tokens to go."""
+        """Seconds per answer token the engine decodes at now: over our counted streams,
+        the time since their first token over the tokens relayed since (a little high: the
+        relay stamps no time per piece); the learned pace until one has any. All running
+        sequences decode in the same steps, so when slots are awaited (the engine runs
+        more than usual) all are slower than the learned pace."""
         spent = tokens = 0.0
         for s in calls:
             call, events = s.call, s.call.events or 0
