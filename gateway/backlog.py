@@ -119,12 +119,13 @@ class Backlog:
         Read on every routing decision: a comprehension over what ``admit`` worked out."""
         return [s for s in self._calls.values() if s.call.first_byte_at is None and now < s.until]
 
-    def slot_wait(self, now: float, others: int, slots: int) -> float:
-        """Seconds until a call sent now gets one of ``slots``: ours end when their answers
-        are out at the pace the engine decodes now; ``others`` (other replicas' sequences)
-        are taken as halfway through a typical call."""
-        if not slots or others + len(self._calls) < slots:  # unknown, or one is free now
-            return 0.0
+    def slot_wait(self, now: float, others: int, slots: int) -> tuple[float, float]:
+        """Seconds until a call sent now gets one of ``slots``, and the pace (seconds per
+        answer token) it was forecast at: ours end when their answers are out at the pace
+        the engine decodes now; ``others`` (other replicas' sequences) are taken as halfway
+        through a typical call. (0, 0) when one is free now or the count is unknown."""
+        if not slots or others + len(self._calls) < slots:
+            return 0.0, 0.0
         rates = self.rates
         calls = list(self._calls.values())
         pace = self._pace(calls, now)
@@ -134,7 +135,7 @@ class Backlog:
         running += [self._left(s.call, now, pace) for s in calls[:admitted]]
         waiting = [typical] * max(others - slots, 0)
         waiting += [rates.hold(s.uncached, self._answer(s.call), pace) for s in calls[admitted:]]
-        return slot_wait(running, waiting, slots)
+        return slot_wait(running, waiting, slots), pace
 
     def _pace(self, calls: list[Sent], now: float) -> float:
         """Seconds per answer token the engine decodes at now: over our counted streams,
@@ -179,11 +180,13 @@ class Backlog:
         self.engaged = blend(self.engaged, min(engaged, self.peak or engaged), self._sampled)
         self._sampled += 1
         slots = self.slots_like(peer_slots)
+        wait, pace = self.slot_wait(now, others, slots)
         return Load(
             queued_tokens=ours + theirs,
             running=max(running, len(self._calls)),
-            slot_wait=self.slot_wait(now, others, slots),
+            slot_wait=wait,
             slots=slots,
+            pace=pace,
             utilization=max(self.busy, self.occupied(slots), 1 - free / capacity),
             free_tokens=free,
             full=min(self.written_tokens / capacity, 1.0),

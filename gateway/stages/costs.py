@@ -345,6 +345,9 @@ class Load:
     """Seconds until a call sent now gets a sequence slot there (:func:`slot_wait`)."""
     slots: int = 0
     """The most sequences the engine runs at once; 0 while not known."""
+    pace: float = 0.0
+    """Seconds per answer token the engine decodes at now, as the slot wait was forecast
+    at; 0 where no slot is awaited (the learned ``Rates.per_output`` then)."""
 
 
 def evicted(free_tokens: float, wanted: float) -> float:
@@ -411,7 +414,7 @@ def cost(
     if later_calls <= 0:
         return now
     if load.slot_wait > 0 and load.slots:  # the calls queued behind it wait out its hold
-        hold = rates.hold(uncached, rates.completion_per_call, rates.per_output)
+        hold = rates.hold(uncached, rates.completion_per_call, load.pace or rates.per_output)
         now += crowd * hold / load.slots
     lost = evicted(load.free_tokens, wanted + footprint)
     typical = meets(rates, load, rates.uncached_per_call)

@@ -169,11 +169,13 @@ def test_slow_answers_hold_their_slots_for_the_tokens_they_have_left_at_the_pace
     slow.events = 1 + 6
     new.first_byte_at, new.events = time.perf_counter(), 1 + 1
     # At the learned pace the one begun would end first, in 0.9 s.
-    assert backlog.load(waiting=0, running=2, kv_usage=0.0).slot_wait == pytest.approx(
-        1.6, abs=0.05
-    )
+    full = backlog.load(waiting=0, running=2, kv_usage=0.0)
+    assert full.slot_wait == pytest.approx(1.6, abs=0.05)
+    assert full.pace == pytest.approx(0.4, abs=0.01)  # what the cost's slot hold is at
     slow.events = 1 + 10  # all its tokens out: it ends as soon as its last events do
     assert backlog.load(waiting=0, running=2, kv_usage=0.0).slot_wait == 0.0
+    backlog.release(slow)
+    assert backlog.load(waiting=0, running=1, kv_usage=0.0).pace == 0.0  # a slot is free
 
 
 def test_other_replicas_sequences_take_slots_too() -> None:

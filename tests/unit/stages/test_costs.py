@@ -218,6 +218,16 @@ def test_a_start_that_waits_for_a_slot_delays_the_calls_queued_behind_it_by_its_
     assert cost(rates, full, 100, 0, 0, 0) - cost(rates, free, 100, 0, 0, 0) == 1.5
 
 
+def test_the_hold_behind_a_full_backend_is_at_the_pace_its_slot_wait_was_forecast_at() -> None:
+    """A full engine decodes slower than the learned pace: the hold a start adds to the
+    queue behind it is at the pace its slot wait says, not at the learned one."""
+    rates = Rates()
+    slow = Load(slot_wait=1.5, slots=8, utilization=0.8, pace=4 * rates.per_output)
+    learned = Load(slot_wait=1.5, slots=8, utilization=0.8)
+    extra = cost(rates, slow, 100, 5, 0, 0) - cost(rates, learned, 100, 5, 0, 0)
+    assert extra == pytest.approx(4 * 3 * rates.per_output * rates.completion_per_call / 8)
+
+
 def test_a_prefill_holds_up_every_answer_running_beside_it() -> None:
     """Each step that prefills it decodes the running sequences that much later."""
     rates = Rates()
