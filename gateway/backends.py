@@ -156,7 +156,7 @@ class BackendPool:
             metrics.circuit.labels(backend.name).set(CIRCUIT_VALUE[backend.circuit])
         self._tasks: list[asyncio.Task[None]] = []
         self._confirms: dict[str, asyncio.Task[None]] = {}
-        """Per backend, the scrape due to confirm that calls wait for a slot there."""
+        """Per backend, the scrape due to tell whether calls wait for a slot there."""
         self._session: aiohttp.ClientSession | None = None
 
     def model(self, name: str) -> Model:
@@ -333,18 +333,28 @@ class BackendPool:
         if capacity:
             self._on_capacity(backend.name, capacity)
         delay = backend.backlog.confirm_after(backend.waiting)
-        interval = self._settings.metrics_interval
-        if delay is not None and delay < interval and backend.name not in self._confirms:
+        if delay is not None:
+            self.scrape_after(backend, delay)
+
+    def scrape_after(self, backend: Backend, delay: float) -> None:
+        """Scrape the backend in ``delay`` seconds, once the prefill queued there is done,
+        to tell whether calls wait for a slot (:meth:`gateway.backlog.Backlog.confirm_after`,
+        :meth:`~gateway.backlog.Backlog.ask_after`); not if the regular scrape comes first,
+        another is due already, or load is not scraped. Asked from such a scrape (a
+        first look that found calls waiting at the peak), it is that scrape's sequel."""
+        due = self._confirms.get(backend.name)
+        if delay >= self._settings.metrics_interval or due not in (None, asyncio.current_task()):
+            return
+        if self._session is not None and not self._session.closed:
             self._confirms[backend.name] = asyncio.create_task(self._confirm(backend, delay))
 
     async def _confirm(self, backend: Backend, delay: float) -> None:
-        """Scrape the backend again once the prefill queued there is done
-        (:meth:`gateway.backlog.Backlog.confirm_after`)."""
         try:
             await asyncio.sleep(delay)
             await self._scrape(backend)
         finally:
-            del self._confirms[backend.name]
+            if self._confirms.get(backend.name) is asyncio.current_task():
+                del self._confirms[backend.name]
 
 
 @dataclass(frozen=True, slots=True)

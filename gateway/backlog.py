@@ -39,6 +39,8 @@ class Backlog:
     """The most sequences the engine runs at once (vLLM's ``max_num_seqs``, which it does
     not export): ``peak`` once calls were seen waiting while it ran that many on two
     scrapes in a row; 0 (not known) until then."""
+    _asked_at: float = -math.inf
+    """When a scrape was last asked for beyond ``peak`` (``ask_after``)."""
     _at_peak: bool = False
     """The last scrape found calls waiting while the engine ran ``peak`` sequences."""
     kv_tokens: float = 0.0
@@ -81,6 +83,26 @@ class Backlog:
         if not self._at_peak or self.slots == self.peak:
             return None
         return self.rates.ttft(self._ours(time.perf_counter()) + self._theirs(waiting), 0)
+
+    def ask_after(self, interval: float) -> float | None:
+        """Seconds after which a scrape can tell whether our newest call waits for a slot;
+        None when no scrape is wanted. ``interval``: the regular scrapes'.
+
+        A call sent while more of ours are in flight than the engine was ever seen running
+        may find every slot taken, and the slot count stays unknown until scrapes find
+        calls waiting at the peak. At the regular interval a wait shorter than it passes
+        unseen, and a slow backend's full slots are costed as free for as long as no scrape
+        happens to land in one (seconds, at a cold start). So a scrape is asked for once
+        the prefill queued there is done, as ``confirm_after``'s is: at most one per
+        interval, and only while the count is unknown, so the probing costs at most twice
+        the scrapes and nothing once the count is known."""
+        if self.slots or len(self._calls) <= self.peak:
+            return None
+        now = time.perf_counter()
+        if now < self._asked_at + interval:
+            return None
+        self._asked_at = now
+        return self.rates.ttft(self._ours(now), 0)
 
     def slots_like(self, peers: int) -> int:
         """Its slot count, or while unknown ``peers``: the count learned on the other

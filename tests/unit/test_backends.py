@@ -181,6 +181,34 @@ async def test_calls_waiting_at_the_peak_are_scraped_again_before_the_interval_e
             await pool.aclose()
 
 
+async def test_a_call_beyond_the_engines_peak_has_it_scraped_before_the_interval_ends() -> None:
+    """Sent while more of ours are in flight than the engine was seen running, a call may
+    wait for a slot: the pool looks at once the prefill queued there is done, and two
+    looks that find calls waiting at the peak tell the slot count."""
+    async with loopback.backends("ok") as (engine,):
+        engine.metrics = b"vllm:num_requests_running 1\nvllm:num_requests_waiting 0\n"
+        pool, _ = pool_of([engine.url], metrics_interval=30)
+        await pool.start()
+        try:
+            b0 = pool.backends["b0"]
+            engine.metrics = b"vllm:num_requests_running 1\nvllm:num_requests_waiting 1\n"
+            for i in range(2):
+                c = Call(id=f"c{i}", path="/v1/chat/completions")
+                c.route, c.dispatched_at = Route(backend="b0"), c.received_at
+                b0.backlog.admit(c)
+            delay = b0.backlog.ask_after(interval=0.0)
+            assert delay is not None
+            pool.scrape_after(b0, delay)
+            for _ in range(100):
+                if b0.backlog.slots:
+                    break
+                await asyncio.sleep(0.01)
+            assert b0.backlog.slots == 1
+            assert len(engine.scrapes) == 3  # the regular one, the one asked, its confirmation
+        finally:
+            await pool.aclose()
+
+
 def test_a_backend_whose_slots_are_unknown_is_costed_at_its_peers() -> None:
     pool, _ = pool_of(["http://127.0.0.1:1", "http://127.0.0.1:2"])
     b0, b1 = pool.backends["b0"], pool.backends["b1"]

@@ -104,6 +104,26 @@ def test_calls_seen_waiting_at_the_peak_are_looked_at_again_once_the_queued_pref
     assert backlog.confirm_after(waiting=1) is None  # not at the peak: no evidence
 
 
+def test_a_call_beyond_the_most_the_engine_was_seen_running_asks_for_a_scrape() -> None:
+    """A wait for a slot shorter than the scrape interval would pass unseen: the look
+    comes once the prefill queued there is done, at most once an interval, and never
+    once the slot count is known."""
+    backlog = Backlog()
+    backlog.scraped(None, running=2, waiting=0)
+    backlog.admit(call(1, 300))
+    backlog.admit(call(2, 100))
+    assert backlog.ask_after(interval=1.0) is None  # no more than it was seen running
+    backlog.admit(call(3, 50))
+    assert backlog.ask_after(interval=1.0) == pytest.approx(backlog.rates.ttft(450, 0))
+    backlog.admit(call(4, 50))
+    assert backlog.ask_after(interval=1.0) is None  # asked this interval already
+    assert backlog.ask_after(interval=0.0) is not None
+    backlog.scraped(None, running=2, waiting=2)
+    backlog.scraped(None, running=2, waiting=2)
+    assert backlog.slots == 2
+    assert backlog.ask_after(interval=0.0) is None  # known: nothing to ask
+
+
 def test_slots_unknown_are_taken_as_the_peers_unless_seen_running_more() -> None:
     """Unknown on one backend and known on its peer, the first would look free of the
     waits the second shows, and draw whole conversations that wait there just the same."""
