@@ -93,9 +93,10 @@ class Backlog:
         calls waiting at the peak. At the regular interval a wait shorter than it passes
         unseen, and a slow backend's full slots are costed as free for as long as no scrape
         happens to land in one (seconds, at a cold start). So a scrape is asked for once
-        the prefill queued there is done, as ``confirm_after``'s is: at most one per
-        interval, and only while the count is unknown, so the probing costs at most twice
-        the scrapes and nothing once the count is known."""
+        the prefill queued there is done, as ``confirm_after``'s is: at most one (and its
+        confirming sequel) per interval, and only while the count is unknown, so the
+        probing costs at most three times the scrapes, and nothing once the count is
+        known."""
         if self.slots or len(self._calls) <= self.peak:
             return None
         now = time.perf_counter()
