@@ -155,7 +155,7 @@ class BackendPool:
             metrics.healthy.labels(backend.name).set(int(backend.healthy))
             metrics.circuit.labels(backend.name).set(CIRCUIT_VALUE[backend.circuit])
         self._tasks: list[asyncio.Task[None]] = []
-        self._confirms: dict[str, asyncio.Task[None]] = {}
+        self._early: dict[str, asyncio.Task[None]] = {}
         """Per backend, the scrape due to tell whether calls wait for a slot there."""
         self._session: aiohttp.ClientSession | None = None
 
@@ -203,7 +203,7 @@ class BackendPool:
         ]
 
     async def aclose(self) -> None:
-        tasks = [*self._tasks, *self._confirms.values()]
+        tasks = [*self._tasks, *self._early.values()]
         for task in tasks:
             task.cancel()
         for task in tasks:
@@ -336,25 +336,32 @@ class BackendPool:
         if delay is not None:
             self.scrape_after(backend, delay)
 
+    def admitted(self, backend: Backend) -> None:
+        """A call was just counted into the backend's backlog: scrape early if it may wait
+        for a slot not known to be full (:meth:`gateway.backlog.Backlog.ask_after`)."""
+        delay = backend.backlog.ask_after(self._settings.metrics_interval)
+        if delay is not None:
+            self.scrape_after(backend, delay)
+
     def scrape_after(self, backend: Backend, delay: float) -> None:
         """Scrape the backend in ``delay`` seconds, once the prefill queued there is done,
         to tell whether calls wait for a slot (:meth:`gateway.backlog.Backlog.confirm_after`,
         :meth:`~gateway.backlog.Backlog.ask_after`); not if the regular scrape comes first,
         another is due already, or load is not scraped. Asked from such a scrape (a
         first look that found calls waiting at the peak), it is that scrape's sequel."""
-        due = self._confirms.get(backend.name)
+        due = self._early.get(backend.name)
         if delay >= self._settings.metrics_interval or due not in (None, asyncio.current_task()):
             return
         if self._session is not None and not self._session.closed:
-            self._confirms[backend.name] = asyncio.create_task(self._confirm(backend, delay))
+            self._early[backend.name] = asyncio.create_task(self._scrape_later(backend, delay))
 
-    async def _confirm(self, backend: Backend, delay: float) -> None:
+    async def _scrape_later(self, backend: Backend, delay: float) -> None:
         try:
             await asyncio.sleep(delay)
             await self._scrape(backend)
         finally:
-            if self._confirms.get(backend.name) is asyncio.current_task():
-                del self._confirms[backend.name]
+            if self._early.get(backend.name) is asyncio.current_task():
+                del self._early[backend.name]
 
 
 @dataclass(frozen=True, slots=True)

@@ -91,8 +91,7 @@ def occupy(backend: Backend, svc: Services, delta: int, call: Call) -> None:
     backend.in_flight += delta
     if delta > 0:
         backend.backlog.admit(call)
-        if (delay := backend.backlog.ask_after(svc.settings.upstream.metrics_interval)) is not None:
-            svc.backends.scrape_after(backend, delay)
+        svc.backends.admitted(backend)
     else:
         backend.backlog.release(call)
     if svc.settings.metrics_enabled:
