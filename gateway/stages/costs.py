@@ -447,12 +447,18 @@ def relief(
     come the two loads draw together, so each saves half the difference on average (none
     if the holders are the less loaded). It rests on utilization, which averages over
     many calls, not on the queue of the moment: a momentary queue clears before the next
-    sharer comes, and a copy made for it would be a prefill for nothing. This is Preble's
+    sharer comes, and a copy made for it would be a prefill for nothing. The difference
+    is in queueing only, each sharer's service the same on both sides (this backend's):
+    alike backends' fits differ by their noise (one's overhead a tenth of another's, the
+    slope making up for it), and near saturation the queueing multiplies a difference of
+    services twenty times over, which copied prefixes onto a saturated cluster for
+    nothing; a slower backend's service is weighed where it serves, in :func:`cost`.
+    This is Preble's
     replication of a prefix too hot for the backends that hold it, in the cost model's
     units: one prefill of the prefix here is worth it once the sharers' queueing it saves
     is more."""
     if sharers <= 0 or not holders:
         return 0.0
-    theirs = sum(meets(r, h, own) for r, h in holders) / len(holders)
-    gap = max(theirs - meets(rates, load, own), 0.0)
+    theirs = sum(crowding(h) for _, h in holders) / len(holders)
+    gap = (rates.overhead + rates.per_token * own) * max(theirs - crowding(load), 0.0)
     return sharers / (len(holders) + 1) * gap / 2

@@ -12,6 +12,7 @@ from gateway.stages.costs import (
     Sharing,
     Streams,
     cost,
+    crowding,
     evicted,
     meets,
     relief,
@@ -155,6 +156,23 @@ def test_a_copy_relieves_the_sharers_of_the_holders_sustained_load_only() -> Non
     # what the holder's other calls usually prefill is not the sharers' shape
     inflated = Rates(uncached_per_call=5000)
     assert relief(10, [(inflated, busy)], rates, busy, own) == 0.0
+
+
+def test_a_copy_relieves_queueing_not_a_difference_of_fits() -> None:
+    """Alike backends whose fits differ (one's overhead a tenth of the other's, its slope
+    making up for it), equally loaded near saturation: a copy relieves nobody."""
+    near_full = Load(utilization=0.97)
+    fitted_high = Rates(overhead=0.16, per_token=1.8e-4)
+    fitted_low = Rates(overhead=0.006, per_token=2.2e-4)
+    own = 56
+    assert meets(fitted_high, near_full, own) - meets(fitted_low, near_full, own) > 2.0
+    assert relief(6, [(fitted_high, near_full)], fitted_low, near_full, own) == 0.0
+    # a less loaded backend: the queueing it saves, at its own service
+    calmer = Load(utilization=0.5)
+    service = fitted_low.overhead + fitted_low.per_token * own
+    assert relief(6, [(fitted_high, near_full)], fitted_low, calmer, own) == pytest.approx(
+        6 / 2 * service * (crowding(near_full) - crowding(calmer)) / 2
+    )
 
 
 def test_an_lru_cache_loses_more_the_more_the_live_streams_want() -> None:
