@@ -432,8 +432,7 @@ def meets(rates: Rates, load: Load, uncached: float) -> float:
     """The time to first token there of a call with ``uncached`` tokens to prefill, over
     the time the backend is loaded as now: its service stretched by the queueing at the
     backend's utilization."""
-    service = rates.overhead + rates.per_token * uncached
-    return service * (1.0 + crowding(load))
+    return rates.ttft(uncached, 0) * (1.0 + crowding(load))
 
 
 def relief(
@@ -453,12 +452,11 @@ def relief(
     slope making up for it), and near saturation the queueing multiplies a difference of
     services twenty times over, which copied prefixes onto a saturated cluster for
     nothing; a slower backend's service is weighed where it serves, in :func:`cost`.
-    This is Preble's
-    replication of a prefix too hot for the backends that hold it, in the cost model's
-    units: one prefill of the prefix here is worth it once the sharers' queueing it saves
-    is more."""
+    This is Preble's replication of a prefix too hot for the backends that hold it, in
+    the cost model's units: one prefill of the prefix here is worth it once the sharers'
+    queueing it saves is more."""
     if sharers <= 0 or not holders:
         return 0.0
     theirs = sum(crowding(h) for _, h in holders) / len(holders)
-    gap = (rates.overhead + rates.per_token * own) * max(theirs - crowding(load), 0.0)
+    gap = rates.ttft(own, 0) * max(theirs - crowding(load), 0.0)
     return sharers / (len(holders) + 1) * gap / 2
