@@ -47,6 +47,9 @@ class Backlog:
     """KV cache our calls there hold or will: their prompts and the answers they may write."""
     _calls: dict[str, Sent] = field(default_factory=dict)
     """Our calls in flight there (by id), in the order the engine got them."""
+    _prefilling: dict[str, Sent] = field(default_factory=dict)
+    """Those of them that may not be prefilled yet: every routing decision reads what is
+    queued, and a busy engine has a few calls prefilling among hundreds decoding."""
     _sampled: int = 0
     """Routing decisions ``busy`` averages over (exactly for the first, see ``blend``)."""
 
@@ -124,14 +127,27 @@ class Backlog:
 
     def admit(self, call: Call) -> None:
         """Count in a call just sent here (its route and dispatch time set)."""
-        sent = Sent(call, prefilled_by(call), self._uncached(call), self._kv_of(call))
+        assert call.route is not None
+        assert call.dispatched_at is not None
+        request = call.request
+        sent = Sent(
+            call,
+            prefilled_by(call),
+            self._uncached(call),
+            self._kv_of(call),
+            call.dispatched_at + call.route.expected_ttft,
+            request is not None and request.stream,
+            request.max_tokens if request is not None else None,
+        )
         if self.slots:  # its end may be awaited: count its answer's progress
             call.events = 0
         self._calls[call.id] = sent
+        self._prefilling[call.id] = sent
         self.kv_tokens += sent.kv
         self.written_tokens += sent.uncached
 
     def release(self, call: Call) -> None:
+        self._prefilling.pop(call.id, None)
         sent = self._calls.pop(call.id, None)
         if sent is not None:
             self.kv_tokens -= sent.kv
@@ -139,8 +155,14 @@ class Backlog:
     def pending(self, now: float) -> list[Sent]:
         """Our calls whose prompt is not prefilled yet: no first byte, and for an answer
         that comes whole (no first byte to see), not yet past the TTFT routing expected.
-        Read on every routing decision: a comprehension over what ``admit`` worked out."""
-        return [s for s in self._calls.values() if s.call.first_byte_at is None and now < s.until]
+        Read on every routing decision: those found prefilled are forgotten (neither a
+        first byte nor the passing of time is undone)."""
+        prefilling = self._prefilling
+        done = [k for k, s in prefilling.items() if s.call.first_byte_at is not None]
+        done += [k for k, s in prefilling.items() if now >= s.until]
+        for k in done:
+            prefilling.pop(k, None)
+        return list(prefilling.values())
 
     def slot_wait(self, now: float, others: int, slots: int) -> tuple[float, float]:
         """Seconds until a call sent now gets one of ``slots``, and the pace (seconds per
@@ -155,9 +177,10 @@ class Backlog:
         typical = rates.hold(rates.uncached_per_call, rates.completion_per_call, pace)
         admitted = max(slots - others, 0)
         running = [typical / 2] * min(others, slots)
-        running += [self._left(s.call, now, pace) for s in calls[:admitted]]
+        usual = rates.completion_per_call
+        running += [s.left(now, pace, usual) for s in calls[:admitted]]
         waiting = [typical] * max(others - slots, 0)
-        waiting += [rates.hold(s.uncached, self._answer(s.call), pace) for s in calls[admitted:]]
+        waiting += [rates.hold(s.uncached, s.answer(usual), pace) for s in calls[admitted:]]
         return slot_wait(running, waiting, slots), pace
 
     def _pace(self, calls: list[Sent], now: float) -> float:
@@ -167,27 +190,16 @@ class Backlog:
         sequences decode in the same steps, so when slots are awaited (the engine runs
         more than usual) all are slower than the learned pace."""
         spent = tokens = 0.0
+        counted = 0
         for s in calls:
             call, events = s.call, s.call.events or 0
             if call.first_byte_at is not None and events > 2:  # its opening, 1st, more
                 spent += now - call.first_byte_at
                 tokens += events - 2
+                counted += 1
+                if counted == PACE_STREAMS:
+                    break
         return spent / tokens if tokens else self.rates.per_output
-
-    def _left(self, call: Call, now: float, pace: float) -> float:
-        """Seconds until the call ends: its answer's tokens still to come at ``pace``,
-        after its first token (seen, or when expected)."""
-        assert call.route is not None
-        assert call.dispatched_at is not None
-        answer = self._answer(call)
-        start = call.first_byte_at
-        if start is None:
-            start = call.dispatched_at + call.route.expected_ttft
-            if call.request is not None and call.request.stream:
-                start = max(start, now)  # late: not begun yet
-        elif call.events is not None and call.events > 1:  # a stream, its tokens counted
-            return max(answer - (call.events - 1), 0) * pace
-        return max(start + pace * answer - now, 0.0)
 
     def load(self, waiting: int, running: int, kv_usage: float, peer_slots: int = 0) -> Load:
         """What a call routed now finds here; ``waiting``, ``running`` and ``kv_usage`` are
@@ -239,6 +251,11 @@ class Backlog:
         return asked if asked is not None else self.rates.completion_per_call
 
 
+PACE_STREAMS = 32
+"""Streams the decode pace is averaged over, the longest running first: they decode in
+the same steps, so more would measure the same pace at more cost per decision."""
+
+
 @dataclass(slots=True, frozen=True)
 class Sent:
     """One of our calls in flight at the backend, with what routing reads of it."""
@@ -250,6 +267,28 @@ class Sent:
     """Prompt tokens the backend has to prefill for it."""
     kv: float
     """Its share of ``Backlog.kv_tokens``."""
+    expected: float
+    """When its first token was expected."""
+    stream: bool
+    asked: int | None
+    """The most answer tokens it asked for, if it did."""
+
+    def answer(self, usual: float) -> float:
+        """Tokens its answer may take: what it asked for, else the ``usual``."""
+        return usual if self.asked is None else self.asked
+
+    def left(self, now: float, pace: float, usual: float) -> float:
+        """Seconds until it ends: its answer's tokens still to come at ``pace``, after its
+        first token (seen, or when expected). Read for every running call on every
+        routing decision where slots are awaited: what could be worked out once is."""
+        call = self.call
+        answer = usual if self.asked is None else self.asked
+        start = call.first_byte_at
+        if start is None:
+            start = max(self.expected, now) if self.stream else self.expected  # late: not begun
+        elif call.events is not None and call.events > 1:  # a stream, its tokens counted
+            return max(answer - (call.events - 1), 0) * pace
+        return max(start + pace * answer - now, 0.0)
 
 
 def prefilled_by(call: Call) -> float:

@@ -312,11 +312,16 @@ def slot_wait(running: list[float], waiting: list[float], slots: int) -> float:
     """Seconds until a call queued now gets a sequence slot: the engine admits in arrival
     order as running sequences end. ``running``: seconds until each running sequence ends;
     ``waiting``: how long each call queued ahead will hold its slot; ``slots``: the most
-    sequences the engine runs (0: unknown, no wait)."""
+    sequences the engine runs (0: unknown, no wait).
+
+    Only the ``len(waiting) + 1`` earliest ends can matter: each admission takes the
+    earliest end and puts back a later one, so after ``k`` of them one of the ``k + 1``
+    earliest is still there, no later than any end beyond them."""
     if not slots or len(running) + len(waiting) < slots:
         return 0.0
-    ends = sorted(running)[:slots]
-    ends += [0.0] * (slots - len(ends))
+    first = min(slots, len(waiting) + 1)
+    free = min(max(slots - len(running), 0), first)
+    ends = [0.0] * free + heapq.nsmallest(first - free, running)
     heapq.heapify(ends)
     for held in waiting:
         heapq.heappush(ends, heapq.heappop(ends) + held)

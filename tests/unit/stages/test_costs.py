@@ -2,6 +2,8 @@ import math
 import random
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from gateway.flow import Call, PrefixKey, Route, Usage
 from gateway.stages.costs import (
@@ -214,6 +216,26 @@ def test_a_call_beyond_the_slots_waits_for_the_first_running_answer_to_end() -> 
 def test_calls_queued_ahead_take_the_slots_that_free_first() -> None:
     # Slots free at 1 and 2; the two queued ahead take them until 1 + 4 and 2 + 0.5.
     assert slot_wait([1.0, 2.0], [4.0, 0.5], slots=2) == 2.5
+
+
+def admissions(running: list[float], waiting: list[float], slots: int) -> float:
+    """The engine's admissions played out in full: every slot, every call queued ahead."""
+    ends = sorted(running)[:slots] + [0.0] * max(slots - len(running), 0)
+    for held in waiting:
+        ends.sort()
+        ends[0] += held
+    return min(ends)
+
+
+seconds = st.floats(0, 30, allow_nan=False)
+
+
+@given(st.lists(seconds, max_size=40), st.lists(seconds, max_size=40), st.integers(1, 16))
+def test_the_slot_wait_looks_only_at_the_ends_that_can_matter(
+    running: list[float], waiting: list[float], slots: int
+) -> None:
+    expected = admissions(running, waiting, slots) if len(running) + len(waiting) >= slots else 0
+    assert slot_wait(running, waiting, slots) == expected
 
 
 def test_the_slot_wait_weighs_on_every_call() -> None:
