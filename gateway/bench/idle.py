@@ -34,7 +34,9 @@ def gateway_cmd(name: str, sim: int, backends: int, port: int, tmp: Path) -> lis
         f"database: {{url: 'sqlite:///{tmp}/{name}.db'}}\n"
         f"ledger: {{spool_dir: '{tmp}/{name}-spool'}}\n"
     )
-    return [sys.executable, "-m", "gateway", "serve", "--config", str(config), "--port", str(port)]
+    serve = ["-m", "gateway", "serve", "--config", str(config), "--port", str(port)]
+    # -P: the working directory never shadows the checkout chosen (--baseline's PYTHONPATH).
+    return [sys.executable, "-P", *serve]
 
 
 def run(args: argparse.Namespace) -> None:
