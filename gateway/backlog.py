@@ -126,19 +126,23 @@ class Backlog:
         return min(self.engaged / slots, 1.0) if slots else 0.0
 
     def admit(self, call: Call) -> None:
-        """Count in a call just sent here (its route and dispatch time set)."""
-        assert call.route is not None
+        """Count in a call just sent here (its route and dispatch time set): what routing
+        will read of it on every decision, worked out once.
+
+        Its own KV blocks are what it prefills and answers (the prefix it found cached is
+        shared with whoever else uses it); while it has no first byte it counts as
+        prefilling: for ever if it streams (its first byte will show), else until the TTFT
+        routing expected (an answer that comes whole has no first byte to see)."""
+        route, request = call.route, call.request
+        assert route is not None
         assert call.dispatched_at is not None
-        request = call.request
-        sent = Sent(
-            call,
-            prefilled_by(call),
-            self._uncached(call),
-            self._kv_of(call),
-            call.dispatched_at + call.route.expected_ttft,
-            request is not None and request.stream,
-            request.max_tokens if request is not None else None,
-        )
+        expected = call.dispatched_at + route.expected_ttft
+        stream = request is not None and request.stream
+        asked = request.max_tokens if request is not None else None
+        uncached = route.uncached_tokens
+        answer = self.rates.completion_per_call if asked is None else asked
+        until = math.inf if stream else expected
+        sent = Sent(call, until, uncached, uncached + answer, expected, stream, asked)
         if self.slots:  # its end may be awaited: count its answer's progress
             call.events = 0
         self._calls[call.id] = sent
@@ -236,20 +240,6 @@ class Backlog:
         engine reported, those not ours, at a typical call's."""
         return max(waiting - self.pending_at_scrape, 0) * self.rates.uncached_per_call
 
-    def _kv_of(self, call: Call) -> float:
-        """The call's own KV blocks: what it prefills and answers (the prefix it found
-        cached is shared with whoever else uses it)."""
-        return self._uncached(call) + self._answer(call)
-
-    @staticmethod
-    def _uncached(call: Call) -> float:
-        return call.route.uncached_tokens if call.route is not None else 0
-
-    def _answer(self, call: Call) -> float:
-        """Tokens the call's answer may take: what it asked for, else the usual."""
-        asked = call.request.max_tokens if call.request is not None else None
-        return asked if asked is not None else self.rates.completion_per_call
-
 
 PACE_STREAMS = 32
 """Streams the decode pace is averaged over, the longest running first: they decode in
@@ -262,7 +252,7 @@ class Sent:
 
     call: Call
     until: float
-    """While it has no first byte, until when it counts as prefilling (``prefilled_by``)."""
+    """While it has no first byte, until when it counts as prefilling (``Backlog.admit``)."""
     uncached: float
     """Prompt tokens the backend has to prefill for it."""
     kv: float
@@ -281,22 +271,10 @@ class Sent:
         """Seconds until it ends: its answer's tokens still to come at ``pace``, after its
         first token (seen, or when expected). Read for every running call on every
         routing decision where slots are awaited: what could be worked out once is."""
-        call = self.call
-        answer = usual if self.asked is None else self.asked
+        call, answer = self.call, self.answer(usual)
         start = call.first_byte_at
         if start is None:
             start = max(self.expected, now) if self.stream else self.expected  # late: not begun
         elif call.events is not None and call.events > 1:  # a stream, its tokens counted
             return max(answer - (call.events - 1), 0) * pace
         return max(start + pace * answer - now, 0.0)
-
-
-def prefilled_by(call: Call) -> float:
-    """Until when a call sent now counts as prefilling while it has no first byte: for ever
-    if it streams (its first byte will show), else until the TTFT routing expected (an
-    answer that comes whole has no first byte to see); never without a route."""
-    if call.route is None or call.dispatched_at is None:
-        return -math.inf
-    if call.request is not None and call.request.stream:
-        return math.inf
-    return call.dispatched_at + call.route.expected_ttft
