@@ -2,8 +2,7 @@
 HTTP client into a GatewayError (what the answer is read through: :mod:`gateway.answers`;
 its relay to the client: :mod:`gateway.stages.relay`).
 
-Calls reach the upstream HTTP client (:mod:`gateway.upstream`) through this module
-alone; the registry's health and load probes (:mod:`gateway.backends`) use it too.
+This is the only module that knows the upstream HTTP client (:mod:`gateway.upstream`).
 """
 
 from __future__ import annotations
