@@ -188,11 +188,12 @@ class Backlog:
         return slot_wait(running, waiting, slots), pace
 
     def _pace(self, calls: list[Sent], now: float) -> float:
-        """Seconds per answer token the engine decodes at now: over our counted streams,
-        the time since their first token over the tokens relayed since (a little high: the
-        relay stamps no time per piece); the learned pace until one has any. All running
-        sequences decode in the same steps, so when slots are awaited (the engine runs
-        more than usual) all are slower than the learned pace."""
+        """Seconds per answer token the engine decodes at now: over our counted streams
+        (the first ``PACE_STREAMS``, the longest running), the time since their first
+        token over the tokens relayed since (a little high: the relay stamps no time per
+        piece); the learned pace until one has any. All running sequences decode in the
+        same steps, so when slots are awaited (the engine runs more than usual) all are
+        slower than the learned pace."""
         spent = tokens = 0.0
         counted = 0
         for s in calls:
