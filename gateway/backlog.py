@@ -140,9 +140,8 @@ class Backlog:
         stream = request is not None and request.stream
         asked = request.max_tokens if request is not None else None
         uncached = route.uncached_tokens
-        answer = self.rates.completion_per_call if asked is None else asked
-        until = math.inf if stream else expected
-        sent = Sent(call, until, uncached, uncached + answer, expected, stream, asked)
+        kv = uncached + answer_tokens(asked, self.rates.completion_per_call)
+        sent = Sent(call, uncached, kv, expected, stream, asked)
         if self.slots:  # its end may be awaited: count its answer's progress
             call.events = 0
         self._calls[call.id] = sent
@@ -162,8 +161,9 @@ class Backlog:
         Read on every routing decision: those found prefilled are forgotten (neither a
         first byte nor the passing of time is undone)."""
         prefilling = self._prefilling
-        done = [k for k, s in prefilling.items() if s.call.first_byte_at is not None]
-        done += [k for k, s in prefilling.items() if now >= s.until]
+        done = [
+            k for k, s in prefilling.items() if s.call.first_byte_at is not None or now >= s.until
+        ]
         for k in done:
             prefilling.pop(k, None)
         return list(prefilling.values())
@@ -184,7 +184,9 @@ class Backlog:
         usual = rates.completion_per_call
         running += [s.left(now, pace, usual) for s in calls[:admitted]]
         waiting = [typical] * max(others - slots, 0)
-        waiting += [rates.hold(s.uncached, s.answer(usual), pace) for s in calls[admitted:]]
+        waiting += [
+            rates.hold(s.uncached, answer_tokens(s.asked, usual), pace) for s in calls[admitted:]
+        ]
         return slot_wait(running, waiting, slots), pace
 
     def _pace(self, calls: list[Sent], now: float) -> float:
@@ -252,8 +254,6 @@ class Sent:
     """One of our calls in flight at the backend, with what routing reads of it."""
 
     call: Call
-    until: float
-    """While it has no first byte, until when it counts as prefilling (``Backlog.admit``)."""
     uncached: float
     """Prompt tokens the backend has to prefill for it."""
     kv: float
@@ -264,18 +264,24 @@ class Sent:
     asked: int | None
     """The most answer tokens it asked for, if it did."""
 
-    def answer(self, usual: float) -> float:
-        """Tokens its answer may take: what it asked for, else the ``usual``."""
-        return usual if self.asked is None else self.asked
+    @property
+    def until(self) -> float:
+        """While it has no first byte, until when it counts as prefilling (``Backlog.admit``)."""
+        return math.inf if self.stream else self.expected
 
     def left(self, now: float, pace: float, usual: float) -> float:
         """Seconds until it ends: its answer's tokens still to come at ``pace``, after its
         first token (seen, or when expected). Read for every running call on every
         routing decision where slots are awaited: what could be worked out once is."""
-        call, answer = self.call, self.answer(usual)
+        call, answer = self.call, answer_tokens(self.asked, usual)
         start = call.first_byte_at
         if start is None:
             start = max(self.expected, now) if self.stream else self.expected  # late: not begun
         elif call.events is not None and call.events > 1:  # a stream, its tokens counted
             return max(answer - (call.events - 1), 0) * pace
         return max(start + pace * answer - now, 0.0)
+
+
+def answer_tokens(asked: int | None, usual: float) -> float:
+    """Tokens a call's answer may take: what it asked for, else the ``usual``."""
+    return usual if asked is None else asked
