@@ -89,6 +89,9 @@ class Rates:
     _xx: list[list[float]] = field(default_factory=lambda: [[0.0] * 3 for _ in range(3)])
     _xy: list[float] = field(default_factory=lambda: [0.0] * 3)
     _scale: float = PRIOR_OVERHEAD
+    _spread: list[list[float]] = field(default_factory=lambda: [[0.0] * 3 for _ in range(3)])
+    """The inverse of the fit's normal matrix (the priors' weight included): times the
+    squared residual, the coefficients' covariance."""
 
     def ttft(self, tokens: float, running: float) -> float:
         return self.overhead + self.per_token * tokens + self.per_running * running
@@ -117,9 +120,23 @@ class Rates:
 
     @property
     def error(self) -> float:
-        """Standard error of the predicted mean TTFT: the typical residual over the square
-        root of the observations behind the fit (at most ``MEMORY``)."""
+        """Standard error of the predicted mean TTFT where the fit's calls were: the typical
+        residual over the square root of the observations behind it (at most ``MEMORY``)."""
         return self.residual / math.sqrt(max(min(self.observations, MEMORY), 1))
+
+    def error_at(self, tokens: float, running: float) -> float:
+        """Standard error of ``ttft(tokens, running)`` as an estimate of the mean: the
+        typical residual, scaled by how well the calls behind the fit pin the line down
+        there. Where those calls were, about the residual over the square root of a
+        memory's worth of them; away from them (a call with nothing running beside it on a
+        backend that is always busy, say) the errors of intercept and slopes add up, and
+        alike backends' fits drift apart there by that much."""
+        if not self.observations:
+            return 0.0
+        x = (1.0, tokens, running)
+        m = self._spread
+        q = sum(x[i] * m[i][j] * x[j] for i in range(3) for j in range(3))
+        return self._scale * math.sqrt(max(q, 0.0))
 
     def observe(self, tokens: float, running: float, seconds: float) -> None:
         """A call that waited ``seconds`` for its first byte, with ``tokens`` of prefill
@@ -153,31 +170,31 @@ class Rates:
         for i in range(3):
             a[i][i] += strength[i]
             b[i] += strength[i] * prior[i]
-        solved = solve3(a, b)
-        if solved is None:
+        inverse = invert3(a)
+        if inverse is None:
             return
-        overhead, per_token, per_running = solved
+        self._spread = inverse
+        overhead, per_token, per_running = (sum(r[j] * b[j] for j in range(3)) for r in inverse)
         self.overhead = max(overhead, 0.0)
         self.per_token = max(per_token, PRIOR_PER_TOKEN / 100)
         self.per_running = max(per_running, 0.0)
 
 
-def solve3(a: list[list[float]], b: list[float]) -> tuple[float, float, float] | None:
-    """Gaussian elimination with partial pivoting for a 3x3 system (None if singular)."""
-    m = [[*a[i], b[i]] for i in range(3)]
+def invert3(a: list[list[float]]) -> list[list[float]] | None:
+    """Gauss-Jordan elimination with partial pivoting of a 3x3 matrix (None if singular)."""
+    m = [[*a[i], *(float(i == j) for j in range(3))] for i in range(3)]
     for col in range(3):
         pivot = max(range(col, 3), key=lambda r: abs(m[r][col]))
         if abs(m[pivot][col]) < 1e-300:
             return None
         m[col], m[pivot] = m[pivot], m[col]
-        for r in range(col + 1, 3):
-            f = m[r][col] / m[col][col]
-            for c in range(col, 4):
-                m[r][c] -= f * m[col][c]
-    x = [0.0, 0.0, 0.0]
-    for r in (2, 1, 0):
-        x[r] = (m[r][3] - sum(m[r][c] * x[c] for c in range(r + 1, 3))) / m[r][r]
-    return x[0], x[1], x[2]
+        head = m[col][col]
+        m[col] = [v / head for v in m[col]]
+        for r in range(3):
+            if r != col and m[r][col]:
+                f = m[r][col]
+                m[r] = [v - f * w for v, w in zip(m[r], m[col], strict=True)]
+    return [row[3:] for row in m]
 
 
 LIVE_GAPS = 3.0
@@ -424,6 +441,21 @@ def cost(
     lost = evicted(load.free_tokens, wanted + footprint)
     typical = meets(rates, load, rates.uncached_per_call)
     return now + later_calls * (typical + rates.per_token * footprint * lost)
+
+
+def spread(rates: Rates, load: Load, later_calls: float) -> float:
+    """Standard error of :func:`cost` for a call that starts a conversation, at most: its
+    own TTFT's, as the fit knows the mean where its calls were, and its later calls'
+    (a typical call's, stretched by the queueing) as many times as they come. Both come
+    from the one fit, so their errors add at most linearly.
+
+    The call's own cost needs no more: a backend that looks cheaper by noise gets it, its
+    queue grows, and the next call sees that. The later calls' cost is a forecast over
+    the conversation's life, read from utilization, which no single placement moves: two
+    alike backends whose fits differ at a typical call by a few milliseconds differ by
+    that many times over, and every conversation starting meanwhile would go to one."""
+    later = later_calls * (1.0 + crowding(load)) * rates.error_at(rates.uncached_per_call, 0)
+    return rates.error + later
 
 
 def crowding(load: Load) -> float:

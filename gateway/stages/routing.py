@@ -21,18 +21,20 @@ utilization and cache turnover measured now but lived in over the conversation's
 and re-deciding on every turn's reading would move conversations on noise, each move a
 prefill of the history and a dead copy of it left behind.
 
-- Costs within the error of the cheapest's estimate (:func:`error`: an idle cluster,
-  nothing held, the same prefix held everywhere, or a later turn's saving within what
-  one call's forecast misses by) are ties: they go to the backend holding the
-  most of the prompt, which leaves the least to prefill (a later turn whose costs tie
-  stays with its history: moving it would prefill the history again and leave a dead
-  copy behind, for a saving the estimates cannot show); a call that starts a stream,
-  among those, to the backend fewest live streams call home (their later calls are load
-  to come, which no estimate of the moment shows); then to the backend given a
-  placement longest ago, then by a consistent (rendezvous) hash of the
-  conversation's anchor; never "backend 0 first", and never to whichever backend's
-  estimate noise made look a millisecond faster: conversations that start together send
-  their next turns together, and pile up where they were all sent.
+- Costs within the error of the estimates are ties: an idle cluster, nothing held, the
+  same prefix held everywhere; a start on alike backends, whose fits differ at a
+  typical call by noise its later calls multiply (:func:`gateway.stages.costs.spread`);
+  a later turn's saving within what one call's forecast misses by (:func:`error`).
+  Ties go to the backend holding the most of the prompt, which leaves the least to
+  prefill (a later turn whose costs tie stays with its history: moving it would
+  prefill the history again and leave a dead copy behind, for a saving the estimates
+  cannot show); a call that starts a stream, among those, to the backend fewest live
+  streams call home (their later calls are load to come, which no estimate of the
+  moment shows); then to the backend given a placement longest ago, then by a
+  consistent (rendezvous) hash of the conversation's anchor; never "backend 0 first",
+  and never to whichever backend's estimate noise made look a millisecond faster:
+  conversations that start together send their next turns together, and pile up where
+  they were all sent.
 - A session key (``x-session-id``, ``prompt_cache_key``, ``user``) pins the call to its
   rendezvous backend, the same on every replica, when that backend holds as much of the
   prompt as any and costs no more than one prefill of the prompt above the cheapest:
@@ -52,7 +54,7 @@ from typing import Protocol
 from gateway.errors import BackendUnavailable
 from gateway.flow import Decision, PrefixKey, Route
 from gateway.settings import RoutingSettings
-from gateway.stages.costs import Load, Rates, Sharing, Streams, cost, relief
+from gateway.stages.costs import Load, Rates, Sharing, Streams, cost, relief, spread
 
 
 @dataclass(slots=True)
@@ -169,7 +171,8 @@ class CacheAware:
         }
         if starts:
             self._share_out(key, held[0], matches, healthy, costs)
-        pick, decision = self._pick(key, matches, healthy, costs, session, index_ok, starts)
+        errors = {c.name: spread(c.rates, c.ahead, later) if starts else error(c) for c in healthy}
+        pick, decision = self._pick(key, matches, healthy, costs, errors, session, index_ok, starts)
         streams.place(key.anchor, pick.name, footprint[pick.name])
         return self._route(key, matches, pick, decision)
 
@@ -205,6 +208,7 @@ class CacheAware:
         matches: Mapping[str, int],
         healthy: list[Candidate],
         costs: Mapping[str, float],
+        errors: Mapping[str, float],
         session: str | None,
         index_ok: bool,
         starts: bool,
@@ -219,7 +223,7 @@ class CacheAware:
             extra = costs[pinned.name] - least
             if matches.get(pinned.name, 0) == top and extra <= pinned.rates.ttft(key.tokens, 0):
                 return pinned, pin[1]
-        band = TIE_ERRORS * max(error(c, starts) for c in healthy)
+        band = TIE_ERRORS * max(errors.values())
         tied = [c for c in healthy if costs[c.name] <= least + band]
         most = max(matches.get(c.name, 0) for c in tied)
         tied = [c for c in tied if matches.get(c.name, 0) == most]
@@ -290,19 +294,17 @@ class RoundRobin:
         return route(key, matches, pick, outcome(matches, pick))
 
 
-def error(c: Candidate, starts: bool) -> float:
-    """The error of the call's estimated cost there.
+def error(c: Candidate) -> float:
+    """The error of a later turn's estimated cost there.
 
-    A start's cost is what a conversation will pay over its life there: its error is the
-    learned rates' (the typical residual over the square root of the calls behind them).
-    A later turn's is what this one call would save by leaving its history's backend, a
-    forecast of the queue of the moment: it misses by as much as one call's TTFT misses
-    its forecast (the typical residual itself), and by the slot-wait forecast's own error
-    where it would wait for a slot. Leaving costs a sure prefill of the history and leaves
-    a dead copy behind, for a saving within that error: noise that moves conversations,
-    each move capacity the cluster no longer has for anyone."""
-    if starts:
-        return c.rates.error
+    A start's cost is what a conversation will pay over its life there, an estimate of
+    means: its error is the fit's (:func:`gateway.stages.costs.spread`). A later turn's is
+    what this one call would save by leaving its history's backend, a forecast of the
+    queue of the moment: it misses by as much as one call's TTFT misses its forecast (the
+    typical residual itself), and by the slot-wait forecast's own error where it would
+    wait for a slot. Leaving costs a sure prefill of the history and leaves a dead copy
+    behind, for a saving within that error: noise that moves conversations, each move
+    capacity the cluster no longer has for anyone."""
     return c.rates.residual + (c.rates.slot_error if c.ahead.slot_wait else 0.0)
 
 

@@ -416,6 +416,50 @@ def test_backends_that_differ_by_estimate_noise_share_new_conversations() -> Non
     assert picks == Counter({"b0": 20, "b1": 20})
 
 
+def busy_rates(seed: int, slower: float = 1.0) -> Rates:
+    """Rates learned on a backend never idle (4-12 sequences beside every call), from TTFTs
+    scattered by a fifth: the fit never saw a call with nothing running, and alike
+    backends' fits part by several milliseconds there."""
+    rng = random.Random(seed)
+    rates = Rates()
+    for _ in range(400):
+        tokens, running = rng.uniform(200, 2000), rng.randint(4, 12)
+        seconds = slower * (0.02 + 1e-4 * tokens + 1e-3 * running)
+        rates.observe(tokens, running, seconds * rng.uniform(0.8, 1.2))
+    return rates
+
+
+def starts_after_long_conversations(rates: list[Rates]) -> Counter[str]:
+    """Where 40 new conversations start, once the policy has seen conversations of about
+    fifteen turns: each start's cost carries fourteen later calls, and with them
+    fourteen times whatever the fits miss by at a typical call."""
+    clock = Clock()
+    policy = CacheAware(RoutingSettings(), clock)
+    cands = [Candidate(f"b{i}", True, 0, rates=r) for i, r in enumerate(rates)]
+    for turn in range(400):
+        clock.now += 1.0
+        policy.choose("m", key(2 + turn % 8, anchor=10_000), {}, cands)
+    assert policy._streams.later_calls > 10
+    return Counter(
+        policy.choose("m", key(40, anchor=a), {"b0": 30, "b1": 30}, cands).backend
+        for a in range(40)
+    )
+
+
+def test_new_conversations_share_alike_backends_whose_fits_part_where_no_call_was() -> None:
+    rates = [busy_rates(0), busy_rates(1)]
+    typical = [r.ttft(r.uncached_per_call, 0) for r in rates]
+    # Ten later calls part their costs by more than the error of one call's mean.
+    assert 10 * abs(typical[0] - typical[1]) > TIE_ERRORS * max(r.error for r in rates)
+    picks = starts_after_long_conversations(rates)
+    assert abs(picks["b0"] - picks["b1"]) <= 2
+
+
+def test_new_conversations_still_start_on_a_backend_faster_beyond_the_noise() -> None:
+    picks = starts_after_long_conversations([busy_rates(0), busy_rates(1, slower=1.5)])
+    assert picks["b0"] == 40
+
+
 def noisy_rates(seed: int) -> Rates:
     """Rates learned from TTFTs that scatter by half their value: a standard error of ~2 ms."""
     rng = random.Random(seed)
