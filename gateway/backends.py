@@ -25,8 +25,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 from urllib.parse import urlsplit
 
-import aiohttp
-
+from gateway import upstream as http
 from gateway.backlog import Backlog
 from gateway.errors import BackendUnavailable, ModelNotFound
 from gateway.metrics import GatewayMetrics
@@ -125,6 +124,10 @@ class Model:
     backends: list[Backend] = field(default_factory=list)
 
 
+PROBE_CONNECTIONS = 2
+"""Connections each backend is probed on: its health and its load may be asked at once."""
+
+
 class BackendPool:
     """Models and their backends; owns the health and load probing tasks."""
 
@@ -157,7 +160,10 @@ class BackendPool:
         self._tasks: list[asyncio.Task[None]] = []
         self._early: dict[str, asyncio.Task[None]] = {}
         """Per backend, the scrape due to tell whether calls wait for a slot there."""
-        self._session: aiohttp.ClientSession | None = None
+        self._probes: dict[str, http.Pool] = {}
+        """Per backend URL, the connections its health and load are asked on: apart from
+        its calls', so a probe never waits behind them for a connection."""
+        self._probing = False
 
     def model(self, name: str) -> Model:
         try:
@@ -193,8 +199,7 @@ class BackendPool:
 
     async def start(self) -> None:
         """Probe every backend once, then keep probing in the background."""
-        timeout = aiohttp.ClientTimeout(total=self._settings.health_timeout)
-        self._session = aiohttp.ClientSession(timeout=timeout)
+        self._probing = True
         await self.check_health()
         await self.scrape_load()
         self._tasks = [
@@ -209,8 +214,9 @@ class BackendPool:
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        if self._session is not None:
-            await self._session.close()
+        self._probing = False
+        for pool in self._probes.values():
+            await pool.aclose()
 
     async def _every(self, interval: float, probe: Callable[[], Awaitable[None]]) -> None:
         """Probe every backend at once each interval: their answers arrive together and
@@ -231,15 +237,14 @@ class BackendPool:
         late or unhealthy answer ejects a model's last healthy backend only if it refused
         the connection: ejecting the only backend would turn every call into a 503 until
         the next probe."""
-        assert self._session is not None
         started = time.monotonic()
         refused = unanswered = False
         try:
-            async with self._session.get(backend.url + "/health") as resp:
-                ok = resp.status == 200
-        except aiohttp.ClientConnectorError:
+            status, _ = await self._get(backend, "/health")
+            ok = status == 200
+        except http.ConnectError:
             ok, refused = False, True
-        except (aiohttp.ClientError, TimeoutError):
+        except (http.ClientError, TimeoutError):
             ok, unanswered = False, True
         if not ok:
             if unanswered and backend.answered_at >= started:
@@ -250,6 +255,24 @@ class BackendPool:
             log.warning("backend %s answers its probe again: back on probation", backend.name)
             backend.failures = self._settings.failure_threshold - 1
             self._set(backend, "half_open")
+
+    async def _get(self, backend: Backend, path: str) -> tuple[int, bytes]:
+        """GET ``path`` from the backend: the answer's status and body, within
+        ``health_timeout`` in all. Raises the HTTP client's errors or TimeoutError."""
+        pool = self._probes.get(backend.url)
+        if pool is None:
+            pool = self._probes[backend.url] = http.Pool(
+                backend.url, limit=PROBE_CONNECTIONS, connect_timeout=self._settings.health_timeout
+            )
+        async with asyncio.timeout(self._settings.health_timeout):
+            resp = await pool.request(path, b"", (), self._settings.health_timeout, "GET")
+            try:
+                body = await resp.read()
+            except BaseException:
+                resp.close()
+                raise
+        resp.release()
+        return resp.status, body
 
     def succeeded(self, backend: Backend) -> None:
         """A call got its answer from the backend: its failure count starts over."""
@@ -315,13 +338,11 @@ class BackendPool:
         await asyncio.gather(*(self._scrape(b) for b in self.backends.values() if b.healthy))
 
     async def _scrape(self, backend: Backend) -> None:
-        assert self._session is not None
         try:
-            async with self._session.get(backend.url + "/metrics") as resp:
-                if resp.status != 200:
-                    return
-                data = await resp.read()
-        except (aiohttp.ClientError, TimeoutError):
+            status, data = await self._get(backend, "/metrics")
+        except (http.ClientError, TimeoutError):
+            return
+        if status != 200:
             return
         load = parse_scrape(data)
         backend.waiting = load.waiting
@@ -352,7 +373,7 @@ class BackendPool:
         due = self._early.get(backend.name)
         if delay >= self._settings.metrics_interval or due not in (None, asyncio.current_task()):
             return
-        if self._session is not None and not self._session.closed:
+        if self._probing:
             self._early[backend.name] = asyncio.create_task(self._scrape_later(backend, delay))
 
     async def _scrape_later(self, backend: Backend, delay: float) -> None:

@@ -2,7 +2,8 @@
 HTTP client into a GatewayError (what the answer is read through: :mod:`gateway.answers`;
 its relay to the client: :mod:`gateway.stages.relay`).
 
-This is the only module that knows the upstream HTTP client (:mod:`gateway.upstream`).
+Calls reach the upstream HTTP client (:mod:`gateway.upstream`) through this module
+alone; the registry's health and load probes (:mod:`gateway.backends`) use it too.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""The HTTP/1.1 client the gateway sends its calls to the backends with: a keep-alive pool
-per backend (:mod:`.pool`) of asyncio connections whose answers httptools parses
-(:mod:`.connection`).
+"""The HTTP/1.1 client the gateway sends its calls to the backends with, and probes their
+health and load with: a keep-alive pool per backend (:mod:`.pool`) of asyncio connections
+whose answers httptools parses (:mod:`.connection`).
 
 Its own rather than aiohttp's ClientSession: aiohttp builds a request object, a response
 object, a stream reader, header multidicts, URL objects and timers for every call, a

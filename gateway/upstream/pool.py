@@ -58,9 +58,14 @@ class Pool:
         self._closed = False
 
     async def request(
-        self, path: str, body: bytes, headers: Iterable[tuple[str, str]], silence: float
+        self,
+        path: str,
+        body: bytes,
+        headers: Iterable[tuple[str, str]],
+        silence: float,
+        method: str = "POST",
     ) -> Response:
-        """POST ``body`` (with ``headers`` besides the pool's own) and wait for the answer's
+        """Send ``body`` (with ``headers`` besides the pool's own) and wait for the answer's
         status and headers, with no silence of the backend over ``silence`` seconds; the
         answer's body is then read from the Response, which must be given back
         (``release`` or ``close``).
@@ -69,7 +74,7 @@ class Pool:
         raced this request) is replaced by a new one, once: the backend never saw the
         request. Raises ConnectError, ConnectionBroken, ProtocolError or TimeoutError.
         """
-        head = self._head(path, len(body), headers)
+        head = self._head(method, path, len(body), headers)
         for attempt in range(2):
             conn, reused = await self._acquire()
             resp = conn.send(head, body, silence)
@@ -97,8 +102,10 @@ class Pool:
             if not waiter.done():
                 waiter.set_exception(ConnectionBroken("the upstream client is closed"))
 
-    def _head(self, path: str, length: int, headers: Iterable[tuple[str, str]]) -> bytes:
-        start = f"POST {self._base}{path} HTTP/1.1\r\n".encode("latin-1")
+    def _head(
+        self, method: str, path: str, length: int, headers: Iterable[tuple[str, str]]
+    ) -> bytes:
+        start = f"{method} {self._base}{path} HTTP/1.1\r\n".encode("latin-1")
         return b"".join((start, self._fixed, header_lines(headers),
                          b"content-length: %d\r\n\r\n" % length))  # fmt: skip
 

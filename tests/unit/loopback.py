@@ -34,6 +34,8 @@ class Backend:
     """What GET /metrics answers, as vLLM's Prometheus text."""
     scrapes: list[float] = field(default_factory=list)
     """When each GET /metrics arrived (monotonic)."""
+    connections: int = 0
+    """Connections opened to it."""
 
 
 async def read_request(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
@@ -66,6 +68,7 @@ def model(urls: list[str]) -> dict[str, object]:
 
 def handler(backend: Backend) -> Handler:
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        backend.connections += 1
         try:
             while True:
                 line, body = await read_request(reader)

@@ -3,7 +3,7 @@ import asyncio
 import pytest
 from prometheus_client import CollectorRegistry
 
-from gateway.backends import BackendPool, EngineLoad, parse_scrape
+from gateway.backends import PROBE_CONNECTIONS, BackendPool, EngineLoad, parse_scrape
 from gateway.errors import BackendUnavailable
 from gateway.flow import Call, Request, Route
 from gateway.metrics import GatewayMetrics
@@ -112,6 +112,23 @@ async def test_a_hung_probe_ejects_until_a_good_one_readmits_on_probation() -> N
             assert (b0.circuit, circuit(metrics, "b0")) == ("closed", (0, 1))
             pool.failed(b0)
             assert b0.circuit == "closed"
+        finally:
+            await pool.aclose()
+
+
+async def test_probes_ask_health_and_load_on_connections_kept_open() -> None:
+    async with loopback.backends("ok") as (ok,):
+        ok.metrics = VLLM_METRICS
+        pool, _ = pool_of([ok.url])
+        await pool.start()
+        try:
+            for _ in range(10):
+                await asyncio.gather(pool.check_health(), pool.scrape_load())
+            b0 = pool.backends["b0"]
+            assert (b0.healthy, b0.waiting, b0.running) == (True, 5, 8)
+            assert len(ok.scrapes) == 11
+            assert ok.requests == 11  # the health probes
+            assert 1 <= ok.connections <= PROBE_CONNECTIONS
         finally:
             await pool.aclose()
 
