@@ -1,7 +1,8 @@
 """The ledger writer: one task that moves rows from memory to the database in batches.
 
-Calls only append to an in-memory queue. The writer wakes every flush_interval (or as
-soon as a full batch waits) and inserts up to batch_size rows in one statement. When the
+Calls only append to an in-memory queue. The writer sleeps while nothing is queued; with
+rows queued it waits flush_interval for more (or until a full batch waits) and inserts up
+to batch_size rows in one statement. When the
 database fails, the batch goes to the durable spool, and while the spool holds rows every
 new row queues behind them there, so rows reach the database in the order they were
 recorded; the spool is replayed chunk by chunk as soon as the database answers again.
@@ -77,9 +78,11 @@ class LedgerWriter:
         return len(self._queue)
 
     def put(self, row: Row) -> None:
-        """Queue a row (the depth gauge follows at the writer's next wake-up)."""
+        """Queue a row (the depth gauge follows at the writer's next wake-up); the first
+        of a batch wakes an idle writer, a full batch one gathering more."""
         self._queue.append(row)
-        if len(self._queue) >= self._settings.batch_size:
+        queued = len(self._queue)
+        if queued == 1 or queued >= self._settings.batch_size:
             self._wake.set()
 
     def start(self) -> None:
@@ -114,12 +117,18 @@ class LedgerWriter:
         return time.monotonic() >= self._next_attempt
 
     async def _wait(self) -> None:
+        """Until there is a step to take: a spool due for replay, or rows queued, gathered
+        for flush_interval or until a batch is full. Nothing queued, no timer: an idle
+        gateway's writer costs nothing until a row comes."""
         if self._spool.rows and self._may_retry():
             return
-        if len(self._queue) < self._settings.batch_size:
+        if not self._queue and not self._spool.rows:
+            await self._wake.wait()
+        self._wake.clear()
+        if len(self._queue) < self._settings.batch_size and not self._closing:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self._settings.flush_interval)
-        self._wake.clear()
+            self._wake.clear()
         self._metrics.queue_depth.set(len(self._queue))
 
     async def _step(self) -> None:

@@ -31,6 +31,7 @@ from gateway.ledger.models import LedgerRow, Price, to_usd
 from gateway.ledger.report import cost_report, report_query
 from gateway.ledger.rows import ledger_row
 from gateway.ledger.store import insert_rows
+from gateway.ledger.writer import LedgerWriter
 from tests.integration.ledger.factory import ledger_settings, make_call, record
 
 PRICES = {
@@ -318,3 +319,33 @@ async def test_a_report_by_end_user_totals_each_end_users_calls_exactly(
         for name, prompts in spent.items()
     }  # fmt: skip
     assert "ada@example.com" not in str(report)  # the whole name: "ada" is made of hex digits
+
+
+async def test_an_idle_writer_takes_no_steps_until_a_row_comes(
+    db_url: str, engine: AsyncEngine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nothing queued, nothing to do: no wake-up every flush_interval (20 ms here)."""
+    steps: list[int] = []
+    step = LedgerWriter._step
+
+    async def counted(self: LedgerWriter) -> None:
+        steps.append(self.depth)
+        await step(self)
+
+    monkeypatch.setattr(LedgerWriter, "_step", counted)
+    settings = ledger_settings(db_url, tmp_path / "spool", PRICES, flush_interval=0.02)
+    ledger = Ledger(settings, CollectorRegistry())
+    await ledger.start()
+    try:
+        await asyncio.sleep(0.3)
+        assert steps == []
+        call = make_call("alpha", usage=Usage(10, 0, 1))
+        record(ledger, call)
+        for _ in range(200):
+            if await rows(engine):
+                break
+            await asyncio.sleep(0.01)
+        assert [r.request_id for r in await rows(engine)] == [call.id]
+        assert steps[0] == 1  # woken by the row, which waited for no other
+    finally:
+        await ledger.aclose()
