@@ -24,7 +24,7 @@ import heapq
 import math
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 PRIOR_OVERHEAD = 0.02
 """Seconds: one scheduler step of a mid-sized model plus the hop, before any observation."""
@@ -86,12 +86,13 @@ class Rates:
     slot_waits: int = 0
     reports: int = 0
     observations: int = 0
-    _xx: list[list[float]] = field(default_factory=lambda: [[0.0] * 3 for _ in range(3)])
-    _xy: list[float] = field(default_factory=lambda: [0.0] * 3)
+    _moments: tuple[float, ...] = (0.0,) * 9
+    """The fit's decayed, weighted sums of 1, t, r, t*t, t*r, r*r, y, t*y and r*y over the
+    observations (t tokens, r running sequences, y seconds)."""
     _scale: float = PRIOR_OVERHEAD
-    _spread: list[list[float]] = field(default_factory=lambda: [[0.0] * 3 for _ in range(3)])
-    """The inverse of the fit's normal matrix (the priors' weight included): times the
-    squared residual, the coefficients' covariance."""
+    _spread: tuple[float, ...] = (0.0,) * 6
+    """The inverse of the fit's normal matrix (the priors' weight included), its upper
+    triangle row by row: times the squared residual, the coefficients' covariance."""
 
     def ttft(self, tokens: float, running: float) -> float:
         return self.overhead + self.per_token * tokens + self.per_running * running
@@ -133,9 +134,9 @@ class Rates:
         alike backends' fits drift apart there by that much."""
         if not self.observations:
             return 0.0
-        x = (1.0, tokens, running)
-        m = self._spread
-        q = sum(x[i] * m[i][j] * x[j] for i in range(3) for j in range(3))
+        s00, s01, s02, s11, s12, s22 = self._spread
+        q = (s00 + 2 * (s01 * tokens + s02 * running) + s11 * tokens * tokens
+             + 2 * s12 * tokens * running + s22 * running * running)  # fmt: skip
         return self._scale * math.sqrt(max(q, 0.0))
 
     def observe(self, tokens: float, running: float, seconds: float) -> None:
@@ -144,11 +145,13 @@ class Rates:
         residual = abs(seconds - self.ttft(tokens, running))
         weight = min(1.0, OUTLIER * self._scale / residual) if residual > 0 else 1.0
         self._scale = KEEP * self._scale + (1 - KEEP) * max(residual, 1e-4)
-        x = (1.0, tokens, running)
-        for i in range(3):
-            self._xy[i] = KEEP * self._xy[i] + weight * x[i] * seconds
-            for j in range(3):
-                self._xx[i][j] = KEEP * self._xx[i][j] + weight * x[i] * x[j]
+        k, w, wt, wr = KEEP, weight, weight * tokens, weight * running
+        n, t, r, tt, tr, rr, y, ty, ry = self._moments
+        # fmt: off
+        self._moments = (k * n + w, k * t + wt, k * r + wr,
+                         k * tt + wt * tokens, k * tr + wt * running, k * rr + wr * running,
+                         k * y + w * seconds, k * ty + wt * seconds, k * ry + wr * seconds)
+        # fmt: on
         self.observations += 1
         self._fit()
 
@@ -162,39 +165,34 @@ class Rates:
         self.reports += 1
 
     def _fit(self) -> None:
-        prior = (PRIOR_OVERHEAD, PRIOR_PER_TOKEN, PRIOR_PER_RUNNING)
-        scale = (1.0, TYPICAL_TOKENS**2, TYPICAL_RUNNING**2)
-        strength = [w * x for w, x in zip(PRIOR_WEIGHT, scale, strict=True)]
-        a = [[*row] for row in self._xx]
-        b = [*self._xy]
-        for i in range(3):
-            a[i][i] += strength[i]
-            b[i] += strength[i] * prior[i]
-        inverse = invert3(a)
-        if inverse is None:
+        """Solve the normal equations, the priors added, in closed form (the inverse of a
+        symmetric 3x3 matrix by its cofactors). Tokens and running sequences are counted
+        in their typical scales while solving, which keeps the matrix' entries alike in
+        size and the closed form exact to float precision; each prior then weighs its
+        ``PRIOR_WEIGHT`` on the diagonal."""
+        u1, u2 = TYPICAL_TOKENS, TYPICAL_RUNNING
+        w0, w1, w2 = PRIOR_WEIGHT
+        n, t, r, tt, tr, rr, y, ty, ry = self._moments
+        a, b, c = n + w0, t / u1, r / u2
+        d, e, f = tt / u1**2 + w1, tr / (u1 * u2), rr / u2**2 + w2
+        c00, c01, c02 = d * f - e * e, c * e - b * f, b * e - c * d
+        c11, c12, c22 = a * f - c * c, b * c - a * e, a * d - b * b
+        det = a * c00 + b * c01 + c * c02
+        if det <= 0:
             return
-        self._spread = inverse
-        overhead, per_token, per_running = (sum(r[j] * b[j] for j in range(3)) for r in inverse)
+        y0 = y + w0 * PRIOR_OVERHEAD
+        y1 = ty / u1 + w1 * u1 * PRIOR_PER_TOKEN
+        y2 = ry / u2 + w2 * u2 * PRIOR_PER_RUNNING
+        overhead = (c00 * y0 + c01 * y1 + c02 * y2) / det
+        per_token = (c01 * y0 + c11 * y1 + c12 * y2) / (det * u1)
+        per_running = (c02 * y0 + c12 * y1 + c22 * y2) / (det * u2)
+        # fmt: off
+        self._spread = (c00 / det, c01 / (det * u1), c02 / (det * u2),
+                        c11 / (det * u1 * u1), c12 / (det * u1 * u2), c22 / (det * u2 * u2))
+        # fmt: on
         self.overhead = max(overhead, 0.0)
         self.per_token = max(per_token, PRIOR_PER_TOKEN / 100)
         self.per_running = max(per_running, 0.0)
-
-
-def invert3(a: list[list[float]]) -> list[list[float]] | None:
-    """Gauss-Jordan elimination with partial pivoting of a 3x3 matrix (None if singular)."""
-    m = [[*a[i], *(float(i == j) for j in range(3))] for i in range(3)]
-    for col in range(3):
-        pivot = max(range(col, 3), key=lambda r: abs(m[r][col]))
-        if abs(m[pivot][col]) < 1e-300:
-            return None
-        m[col], m[pivot] = m[pivot], m[col]
-        head = m[col][col]
-        m[col] = [v / head for v in m[col]]
-        for r in range(3):
-            if r != col and m[r][col]:
-                f = m[r][col]
-                m[r] = [v - f * w for v, w in zip(m[r], m[col], strict=True)]
-    return [row[3:] for row in m]
 
 
 LIVE_GAPS = 3.0
