@@ -200,7 +200,9 @@ class Call:
     events: int | None = None  # backlog (0: to count), stages.relay
     """Events of a stream relayed so far (its opening, then about one per token): how far
     its answer has got, for when it will end and free its sequence slot. Counted only on
-    a backend whose slots are known to run out (a scan of every byte relayed)."""
+    a backend whose slots are known to run out (a scan of every byte relayed), as lines
+    over two: vLLM writes each event as one line and a blank one, and counting newlines
+    takes a third of the time counting blank lines does."""
     done_at: float | None = None  # stages.relay (a stream's), pipeline
     overhead: float | None = None  # pipeline (a whole answer's, as sent), else its end
     """Seconds spent in the gateway itself rather than waiting on the backend."""

@@ -86,7 +86,7 @@ class StreamRelay(Response):
                     call.first_byte_at = time.perf_counter()
                 if out:
                     if call.events is not None:
-                        call.events += out.count(b"\n\n")
+                        call.events += out.count(b"\n") >> 1
                     self.answered = scanner.ended
                     yield out
         except GatewayError as exc:
