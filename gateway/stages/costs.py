@@ -388,6 +388,7 @@ def cost(
     later_calls: float,
     footprint: float,
     wanted: float,
+    service: float | None = None,
 ) -> float:
     """Seconds this placement costs: this call's TTFT there (the wait for a sequence slot
     included), the delay its prefill adds to the calls that queue behind it and to the
@@ -395,13 +396,14 @@ def cost(
     each answer there ends, and frees its slot, that much later), and the prefill of what
     it evicts (once the cache is full each token written evicts one, reused as often as
     the backend's cache serves prompts: its cached share); then for each of
-    ``later_calls`` its own time to first token there (a typical call's, queueing
-    included) and the prefill of its stream's ``footprint`` (what it will want cached) in
-    the share the cache cannot keep, with the other live streams there wanting
-    ``wanted``. The later calls' own TTFT is the same everywhere on alike backends; on a
-    slower one it is what keeps conversations from starting there more than its speed
-    warrants (a conversation that starts there and leaves for a faster one at its next
-    turn prefills its history twice).
+    ``later_calls`` its own time to first token there (a typical call's ``service`` on the
+    backend idle, the fit's unless given, stretched by the queueing) and the prefill of
+    its stream's ``footprint`` (what it will want cached) in the share the cache cannot
+    keep, with the other live streams there wanting ``wanted``. The later calls' own TTFT
+    is the same everywhere on alike backends; on a slower one it is what keeps
+    conversations from starting there more than its speed warrants (a conversation that
+    starts there and leaves for a faster one at its next turn prefills its history
+    twice).
 
     A conversation that starts where it waits for a slot will hold one once admitted, for
     its prefill and its answer: the calls queued for a slot behind it wait that much
@@ -437,23 +439,10 @@ def cost(
         hold = rates.hold(uncached, rates.completion_per_call, load.pace or rates.per_output)
         now += crowd * hold / load.slots
     lost = evicted(load.free_tokens, wanted + footprint)
-    typical = meets(rates, load, rates.uncached_per_call)
+    if service is None:
+        service = rates.ttft(rates.uncached_per_call, 0)
+    typical = service * (1.0 + crowd)
     return now + later_calls * (typical + rates.per_token * footprint * lost)
-
-
-def spread(rates: Rates, load: Load, later_calls: float) -> float:
-    """Standard error of :func:`cost` for a call that starts a conversation, at most: its
-    own TTFT's, as the fit knows the mean where its calls were, and its later calls'
-    (a typical call's, stretched by the queueing) as many times as they come. Both come
-    from the one fit, so their errors add at most linearly.
-
-    The call's own cost needs no more: a backend that looks cheaper by noise gets it, its
-    queue grows, and the next call sees that. The later calls' cost is a forecast over
-    the conversation's life, read from utilization, which no single placement moves: two
-    alike backends whose fits differ at a typical call by a few milliseconds differ by
-    that many times over, and every conversation starting meanwhile would go to one."""
-    later = later_calls * (1.0 + crowding(load)) * rates.error_at(rates.uncached_per_call, 0)
-    return rates.error + later
 
 
 def crowding(load: Load) -> float:
@@ -461,13 +450,6 @@ def crowding(load: Load) -> float:
     ``u / (1 - u)``), believed up to ``BUSIEST``."""
     u = min(load.utilization, BUSIEST)
     return u / (1.0 - u)
-
-
-def meets(rates: Rates, load: Load, uncached: float) -> float:
-    """The time to first token there of a call with ``uncached`` tokens to prefill, over
-    the time the backend is loaded as now: its service stretched by the queueing at the
-    backend's utilization."""
-    return rates.ttft(uncached, 0) * (1.0 + crowding(load))
 
 
 def relief(

@@ -19,22 +19,22 @@ time (not at this moment), what a copy saves them outweighs one prefill
 The later terms weigh where a conversation starts, not each of its turns: they rest on
 utilization and cache turnover measured now but lived in over the conversation's life,
 and re-deciding on every turn's reading would move conversations on noise, each move a
-prefill of the history and a dead copy of it left behind.
+prefill of the history and a dead copy of it left behind. For the same reason
+the later calls' service on each backend counts only as far as the fits can tell the
+backends apart (:func:`services`): the later calls multiply whatever the fits miss by.
 
-- Costs within the error of the estimates are ties: an idle cluster, nothing held, the
-  same prefix held everywhere; a start on alike backends, whose fits differ at a
-  typical call by noise its later calls multiply (:func:`gateway.stages.costs.spread`);
-  a later turn's saving within what one call's forecast misses by (:func:`error`).
-  Ties go to the backend holding the most of the prompt, which leaves the least to
-  prefill (a later turn whose costs tie stays with its history: moving it would
-  prefill the history again and leave a dead copy behind, for a saving the estimates
-  cannot show); a call that starts a stream, among those, to the backend fewest live
-  streams call home (their later calls are load to come, which no estimate of the
-  moment shows); then to the backend given a placement longest ago, then by a
-  consistent (rendezvous) hash of the conversation's anchor; never "backend 0 first",
-  and never to whichever backend's estimate noise made look a millisecond faster:
-  conversations that start together send their next turns together, and pile up where
-  they were all sent.
+- Costs within the error of the cheapest's estimate (:func:`error`: an idle cluster,
+  nothing held, the same prefix held everywhere, or a later turn's saving within what
+  one call's forecast misses by) are ties: they go to the backend holding the
+  most of the prompt, which leaves the least to prefill (a later turn whose costs tie
+  stays with its history: moving it would prefill the history again and leave a dead
+  copy behind, for a saving the estimates cannot show); a call that starts a stream,
+  among those, to the backend fewest live streams call home (their later calls are load
+  to come, which no estimate of the moment shows); then to the backend given a
+  placement longest ago, then by a consistent (rendezvous) hash of the
+  conversation's anchor; never "backend 0 first", and never to whichever backend's
+  estimate noise made look a millisecond faster: conversations that start together send
+  their next turns together, and pile up where they were all sent.
 - A session key (``x-session-id``, ``prompt_cache_key``, ``user``) pins the call to its
   rendezvous backend, the same on every replica, when that backend holds as much of the
   prompt as any and costs no more than one prefill of the prompt above the cheapest:
@@ -54,7 +54,7 @@ from typing import Protocol
 from gateway.errors import BackendUnavailable
 from gateway.flow import Decision, PrefixKey, Route
 from gateway.settings import RoutingSettings
-from gateway.stages.costs import Load, Rates, Sharing, Streams, cost, relief, spread
+from gateway.stages.costs import Load, Rates, Sharing, Streams, cost, relief
 
 
 @dataclass(slots=True)
@@ -158,6 +158,7 @@ class CacheAware:
             return self._route(key, matches, pick, decision)
         # What it will want cached there at its next call: this prompt and the next turn.
         footprint = {c.name: own + c.rates.uncached_per_call for c in healthy}
+        service = services(healthy) if starts else {}
         costs = {
             c.name: cost(
                 c.rates,
@@ -166,13 +167,13 @@ class CacheAware:
                 later,
                 footprint[c.name],
                 streams.footprint(c.name),
+                service.get(c.name),
             )
             for c in healthy
         }
         if starts:
             self._share_out(key, held[0], matches, healthy, costs)
-        errors = {c.name: spread(c.rates, c.ahead, later) if starts else error(c) for c in healthy}
-        pick, decision = self._pick(key, matches, healthy, costs, errors, session, index_ok, starts)
+        pick, decision = self._pick(key, matches, healthy, costs, session, index_ok, starts)
         streams.place(key.anchor, pick.name, footprint[pick.name])
         return self._route(key, matches, pick, decision)
 
@@ -208,7 +209,6 @@ class CacheAware:
         matches: Mapping[str, int],
         healthy: list[Candidate],
         costs: Mapping[str, float],
-        errors: Mapping[str, float],
         session: str | None,
         index_ok: bool,
         starts: bool,
@@ -223,7 +223,7 @@ class CacheAware:
             extra = costs[pinned.name] - least
             if matches.get(pinned.name, 0) == top and extra <= pinned.rates.ttft(key.tokens, 0):
                 return pinned, pin[1]
-        band = TIE_ERRORS * max(errors.values())
+        band = TIE_ERRORS * max(error(c, starts) for c in healthy)
         tied = [c for c in healthy if costs[c.name] <= least + band]
         most = max(matches.get(c.name, 0) for c in tied)
         tied = [c for c in tied if matches.get(c.name, 0) == most]
@@ -294,18 +294,41 @@ class RoundRobin:
         return route(key, matches, pick, outcome(matches, pick))
 
 
-def error(c: Candidate) -> float:
-    """The error of a later turn's estimated cost there.
+def error(c: Candidate, starts: bool) -> float:
+    """The error of the call's estimated cost there.
 
-    A start's cost is what a conversation will pay over its life there, an estimate of
-    means: its error is the fit's (:func:`gateway.stages.costs.spread`). A later turn's is
-    what this one call would save by leaving its history's backend, a forecast of the
-    queue of the moment: it misses by as much as one call's TTFT misses its forecast (the
-    typical residual itself), and by the slot-wait forecast's own error where it would
-    wait for a slot. Leaving costs a sure prefill of the history and leaves a dead copy
-    behind, for a saving within that error: noise that moves conversations, each move
-    capacity the cluster no longer has for anyone."""
+    A start's cost is what a conversation will pay over its life there: its error is the
+    learned rates' (the typical residual over the square root of the calls behind them).
+    A later turn's is what this one call would save by leaving its history's backend, a
+    forecast of the queue of the moment: it misses by as much as one call's TTFT misses
+    its forecast (the typical residual itself), and by the slot-wait forecast's own error
+    where it would wait for a slot. Leaving costs a sure prefill of the history and leaves
+    a dead copy behind, for a saving within that error: noise that moves conversations,
+    each move capacity the cluster no longer has for anyone."""
+    if starts:
+        return c.rates.error
     return c.rates.residual + (c.rates.slot_error if c.ahead.slot_wait else 0.0)
+
+
+def services(candidates: Sequence[Candidate]) -> dict[str, float]:
+    """A typical call's TTFT on each backend idle, as a start's later calls are costed at:
+    the fastest backend's, and each other's only beyond the error of telling the two
+    apart (:meth:`gateway.stages.costs.Rates.error_at`).
+
+    A start's cost counts its later calls' service as many times as they follow, and
+    with it whatever the fits miss by there: alike backends' fits differ at a typical
+    call with nothing running (where backends always busy have no calls to fit) by a few
+    milliseconds of noise, which fifteen later calls make larger than any tie band of
+    one call's, and every conversation starting meanwhile went to one backend. What the
+    fits can tell apart still counts, as many times over: a slower backend's service."""
+    typical = {c.name: c.rates.ttft(c.rates.uncached_per_call, 0) for c in candidates}
+    error = {c.name: c.rates.error_at(c.rates.uncached_per_call, 0) for c in candidates}
+    fastest = min(typical, key=typical.__getitem__)
+    least, sure = typical[fastest], error[fastest]
+    return {
+        name: least + max(t - least - TIE_ERRORS * math.hypot(error[name], sure), 0.0)
+        for name, t in typical.items()
+    }
 
 
 def healthy_only(candidates: Sequence[Candidate]) -> list[Candidate]:

@@ -16,7 +16,6 @@ from gateway.stages.costs import (
     cost,
     crowding,
     evicted,
-    meets,
     relief,
     slot_wait,
 )
@@ -159,7 +158,7 @@ def test_a_copy_relieves_the_sharers_of_the_holders_sustained_load_only() -> Non
     rates = Rates()
     busy, idle = Load(utilization=0.5), Load()
     own = 200  # tokens each sharer has beyond the prefix
-    gap = meets(rates, busy, own) - meets(rates, idle, own)
+    gap = rates.ttft(own, 0) * (1 + crowding(busy)) - rates.ttft(own, 0) * (1 + crowding(idle))
     assert gap == pytest.approx(rates.overhead + rates.per_token * own)
     # 10 sharers, one holder: two backends share them once copied, half meet this one,
     # and as they come the loads draw together: each saves half the gap
@@ -184,7 +183,8 @@ def test_a_copy_relieves_queueing_not_a_difference_of_fits() -> None:
     fitted_high = Rates(overhead=0.16, per_token=1.8e-4)
     fitted_low = Rates(overhead=0.006, per_token=2.2e-4)
     own = 56
-    assert meets(fitted_high, near_full, own) - meets(fitted_low, near_full, own) > 2.0
+    high, low = (r.ttft(own, 0) * (1 + crowding(near_full)) for r in (fitted_high, fitted_low))
+    assert high - low > 2.0
     assert relief(6, [(fitted_high, near_full)], fitted_low, near_full, own) == 0.0
     # a less loaded backend: the queueing it saves, at its own service
     calmer = Load(utilization=0.5)
