@@ -322,11 +322,11 @@ def services(candidates: Sequence[Candidate]) -> dict[str, float]:
     one call's, and every conversation starting meanwhile went to one backend. What the
     fits can tell apart still counts, as many times over: a slower backend's service."""
     typical = {c.name: c.rates.ttft(c.rates.uncached_per_call, 0) for c in candidates}
-    error = {c.name: c.rates.error_at(c.rates.uncached_per_call, 0) for c in candidates}
+    noise = {c.name: c.rates.error_at(c.rates.uncached_per_call, 0) for c in candidates}
     fastest = min(typical, key=typical.__getitem__)
-    least, sure = typical[fastest], error[fastest]
+    least = typical[fastest]
     return {
-        name: least + max(t - least - TIE_ERRORS * math.hypot(error[name], sure), 0.0)
+        name: least + max(t - least - TIE_ERRORS * math.hypot(noise[name], noise[fastest]), 0.0)
         for name, t in typical.items()
     }
 
