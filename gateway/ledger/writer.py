@@ -2,10 +2,10 @@
 
 Calls only append to an in-memory queue. The writer sleeps while nothing is queued; with
 rows queued it waits flush_interval for more (or until a full batch waits) and inserts up
-to batch_size rows in one statement. When the
-database fails, the batch goes to the durable spool, and while the spool holds rows every
-new row queues behind them there, so rows reach the database in the order they were
-recorded; the spool is replayed chunk by chunk as soon as the database answers again.
+to batch_size rows in one statement. When the database fails, the batch goes to the
+durable spool, and while the spool holds rows every new row queues behind them there, so
+rows reach the database in the order they were recorded; the spool is replayed chunk by
+chunk as soon as the database answers again.
 
 An outage and a bad row are told apart by the error (gateway.ledger.db.refused_content).
 A batch the database refuses for what its rows hold is cut in halves until the refused

@@ -20,6 +20,7 @@ from gateway.stages.costs import (
     slot_wait,
 )
 from gateway.stages.dispatch import time_rates
+from tests.unit.stages.fits import learned
 
 
 def test_rates_start_at_the_priors() -> None:
@@ -28,12 +29,7 @@ def test_rates_start_at_the_priors() -> None:
 
 def test_rates_learn_a_backend_from_its_ttfts() -> None:
     """A backend twice as slow as the prior with a 50 ms overhead, timed with noise."""
-    rng = random.Random(1)
-    rates = Rates()
-    for _ in range(600):
-        tokens, running = rng.uniform(0, 4000), rng.randint(0, 30)
-        seconds = 0.05 + 2e-4 * tokens + 1e-3 * running
-        rates.observe(tokens, running, seconds * rng.uniform(0.9, 1.1))
+    rates = learned(1, 600, (0, 4000), (0, 30), scatter=0.1, truth=(0.05, 2e-4, 1e-3))
     assert rates.per_token == pytest.approx(2e-4, rel=0.1)
     assert rates.overhead == pytest.approx(0.05, abs=0.015)
     assert rates.per_running == pytest.approx(1e-3, rel=0.3)
@@ -63,12 +59,7 @@ def test_a_prediction_is_as_sure_as_the_calls_near_it() -> None:
     the mean TTFT is known to about the residual over the square root of a memory of
     calls; a call with nothing to prefill and nothing running lies outside them all, and
     there the intercept's error is several times that."""
-    rng = random.Random(4)
-    rates = Rates()
-    for _ in range(600):
-        tokens, running = rng.uniform(500, 1500), rng.randint(5, 15)
-        seconds = 0.02 + 1e-4 * tokens + 1e-3 * running
-        rates.observe(tokens, running, seconds * rng.uniform(0.5, 1.5))
+    rates = learned(4, 600, (500, 1500), (5, 15))
     centre = rates.error_at(1000, 10)
     assert centre == pytest.approx(rates.residual / math.sqrt(MEMORY), rel=0.3)
     assert rates.error_at(0, 0) > 3 * centre

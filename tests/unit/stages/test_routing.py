@@ -20,6 +20,7 @@ from gateway.stages.routing import (
     make_policy,
 )
 from tests.clock import Clock
+from tests.unit.stages.fits import learned
 
 B = 16
 
@@ -420,13 +421,8 @@ def busy_rates(seed: int, slower: float = 1.0) -> Rates:
     """Rates learned on a backend never idle (4-12 sequences beside every call), from TTFTs
     scattered by a fifth: the fit never saw a call with nothing running, and alike
     backends' fits part by several milliseconds there."""
-    rng = random.Random(seed)
-    rates = Rates()
-    for _ in range(400):
-        tokens, running = rng.uniform(200, 2000), rng.randint(4, 12)
-        seconds = slower * (0.02 + 1e-4 * tokens + 1e-3 * running)
-        rates.observe(tokens, running, seconds * rng.uniform(0.8, 1.2))
-    return rates
+    truth = (0.02 * slower, 1e-4 * slower, 1e-3 * slower)
+    return learned(seed, 400, (200, 2000), (4, 12), scatter=0.2, truth=truth)
 
 
 def starts_after_long_conversations(rates: list[Rates]) -> Counter[str]:
@@ -462,12 +458,7 @@ def test_new_conversations_still_start_on_a_backend_faster_beyond_the_noise() ->
 
 def noisy_rates(seed: int) -> Rates:
     """Rates learned from TTFTs that scatter by half their value: a standard error of ~2 ms."""
-    rng = random.Random(seed)
-    rates = Rates()
-    for _ in range(300):
-        tokens = rng.uniform(0, 2000)
-        rates.observe(tokens, 0, (0.02 + 1e-4 * tokens) * rng.uniform(0.5, 1.5))
-    return rates
+    return learned(seed, 300, (0, 2000))
 
 
 def test_a_new_conversation_whose_costs_tie_goes_where_fewest_conversations_live() -> None:
