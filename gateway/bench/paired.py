@@ -1,4 +1,4 @@
-"""Paired load: several proxies, each in front of its own instant simulator, loaded at once.
+"""Paired load: several proxies, each in front of its own simulator, loaded at once.
 
     python -m gateway.bench.paired --target uvicorn=gateway --target granian=granian \
         [--target vllm=vllm-router] [--max-tokens 256 --stream] [--system-words 300] \
@@ -199,7 +199,7 @@ def run(args: argparse.Namespace) -> None:
     loads: list[float] = []
     with contextlib.ExitStack() as stack:
         for t in targets:
-            sim = [*load_core, sys.executable, "-m", "gateway", "sim", "--instant",
+            sim = [*load_core, sys.executable, "-m", "gateway", "sim", *sim_pace(args),
                    "--port", str(t.sim_port)]  # fmt: skip
             stack.enter_context(process(sim, f"http://127.0.0.1:{t.sim_port}/health",
                                         tmp / f"sim-{t.name}.log"))  # fmt: skip
@@ -222,6 +222,18 @@ def run(args: argparse.Namespace) -> None:
     report(targets, args, loads)
 
 
+def sim_pace(args: argparse.Namespace) -> list[str]:
+    """The simulators' pace: instant, or (``--step-ms``) one token per stream per step of
+    that many milliseconds, every call decoding at once, as a GPU's batch does. Instant
+    answers arrive in a read or two per call, so what they measure is a call's fixed cost;
+    paced ones arrive a token per read, the relay's cost per chunk, as streams from a real
+    backend do."""
+    if args.step_ms is None:
+        return ["--instant"]
+    return ["--step-ms", str(args.step_ms), "--prefill-token-ms", "0", "--decode-seq-ms", "0",
+            "--max-num-seqs", str(max(256, 2 * args.concurrency))]  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", action="append", required=True,
@@ -232,6 +244,8 @@ def main() -> None:
     parser.add_argument("--system-words", type=int, default=0,
                         help="an app's shape: a system prompt of this many words (the same "
                         "on every call) and a new question per call; 0: one tiny body")  # fmt: skip
+    parser.add_argument("--step-ms", type=float,
+                        help="pace the simulators: a token per stream every STEP_MS")  # fmt: skip
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--seconds", type=int, default=4, help="seconds per round")
     parser.add_argument("--port-base", type=int, default=19300,
