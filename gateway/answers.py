@@ -11,8 +11,11 @@ reads exactly as one that came straight from the backend.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Protocol
+
+Deliver = Callable[[bytes], bool]
+"""Takes a piece of an answer's body; False when it takes no more for now (``pipe``)."""
 
 
 class Answer(Protocol):
@@ -23,6 +26,13 @@ class Answer(Protocol):
 
     def chunks(self) -> AsyncIterator[bytes]:
         """The body's bytes as they arrive; raises GatewayError if the upstream body fails."""
+        ...
+
+    async def pipe(self, deliver: Deliver) -> bool:
+        """The body's bytes handed to ``deliver`` as they arrive, without a wake of the
+        reader per piece where the answer can (an upstream stream's own): True at the end;
+        False as soon as ``deliver`` returned False (it takes no more for now), the rest
+        kept for the next ``pipe``. Raises as ``chunks``."""
         ...
 
     async def read(self) -> bytes:
@@ -42,6 +52,15 @@ async def read_whole(answer: Answer) -> bytes:
         answer.release()
 
 
+async def pull(chunks: AsyncIterator[bytes], deliver: Deliver) -> bool:
+    """``pipe`` for an answer read piece by piece: ``chunks`` is one iterator kept across
+    calls, so a ``pipe`` that stopped goes on where it stopped."""
+    async for chunk in chunks:
+        if not deliver(chunk):
+            return False
+    return True
+
+
 class FixedAnswer:
     """A whole body already in hand: a non-streamed answer, or one caller's slice of a
     micro-batched one."""
@@ -54,6 +73,10 @@ class FixedAnswer:
 
     async def chunks(self) -> AsyncIterator[bytes]:
         yield self._body
+
+    async def pipe(self, deliver: Deliver) -> bool:
+        deliver(self._body)
+        return True  # all of it delivered, taken or not
 
     async def read(self) -> bytes:
         return self._body

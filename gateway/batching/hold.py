@@ -19,7 +19,7 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
-from gateway.answers import Answer
+from gateway.answers import Answer, Deliver
 from gateway.backends import Backend
 from gateway.errors import BackendUnavailable
 from gateway.flow import Call, Decision
@@ -168,6 +168,21 @@ class TokenWatch:
             complete = True
         finally:
             self._fire(complete)
+
+    async def pipe(self, deliver: Deliver) -> bool:
+        def watched(chunk: bytes) -> bool:
+            if self._signal is not None and self._finder.feed(chunk):
+                self._fire(True)
+            return deliver(chunk)
+
+        try:
+            complete = await self._upstream.pipe(watched)
+        except BaseException:
+            self._fire(False)
+            raise
+        if complete:
+            self._fire(True)
+        return complete
 
     async def read(self) -> bytes:
         complete = False

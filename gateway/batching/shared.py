@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable, Mapping
 
-from gateway.answers import Answer
+from gateway.answers import Answer, Deliver, pull
 from gateway.errors import BadGateway, GatewayError
 
 
@@ -81,6 +81,7 @@ class Listener:
     def __init__(self, shared: SharedAnswer) -> None:
         self._shared = shared
         self._left = False
+        self._piped: AsyncIterator[bytes] | None = None
 
     @property
     def headers(self) -> Mapping[str, str]:
@@ -102,6 +103,11 @@ class Listener:
                     raise BadGateway("the shared upstream call was cancelled")
                 return
             await shared._changed.wait()
+
+    async def pipe(self, deliver: Deliver) -> bool:
+        if self._piped is None:
+            self._piped = self.chunks()
+        return await pull(self._piped, deliver)
 
     async def read(self) -> bytes:
         return b"".join([chunk async for chunk in self.chunks()])

@@ -17,7 +17,7 @@ import orjson
 from starlette.types import Receive
 
 from gateway import upstream as http
-from gateway.answers import Answer, FixedAnswer
+from gateway.answers import Answer, Deliver, FixedAnswer
 from gateway.backends import Backend, Cut
 from gateway.errors import (
     BackendUnavailable,
@@ -200,6 +200,18 @@ class StreamAnswer:
         if not chunk:
             raise StopAsyncIteration
         return chunk
+
+    async def pipe(self, deliver: Deliver) -> bool:
+        """As ``chunks``, each piece handed to ``deliver`` as it arrives
+        (``http.Response.pipe``): True at the end, False when ``deliver`` took no more."""
+        if self._first is not None:
+            chunk, self._first = self._first, None
+            if not deliver(chunk):
+                return False
+        try:
+            return await self._resp.pipe(deliver)
+        except CLIENT_ERRORS as exc:
+            raise failure(exc, self._backend, begun=True) from exc
 
     async def read(self) -> bytes:
         return b"".join([chunk async for chunk in self])

@@ -6,20 +6,25 @@ dropped). Here a watcher waits for ``http.disconnect`` and closes the upstream a
 once, so vLLM aborts the sequence and frees its KV blocks. A client that hangs up once it
 has the last event (``[DONE]``, a Responses stream's ``response.completed``) had the whole
 answer: that is no disconnect.
+
+Under ``gateway serve`` the events go from the upstream connection's callback straight to
+the client's (``_push``): a stream from a real backend comes a token or two per read, and
+waking a task and sending an ASGI message for each cost more than scanning and writing
+it. Under any other server, each piece goes as an ASGI message (``_relay``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
 
 from starlette.responses import Response
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from gateway.answers import Answer
 from gateway.errors import GatewayError
 from gateway.flow import Call
+from gateway.http_protocol import BodyWriter, body_writer
 from gateway.stages.sse import EventScanner
 
 
@@ -53,8 +58,8 @@ class StreamRelay(Response):
         complete = False
         try:
             await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
-            async for chunk in self._relay():
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            writer = body_writer(scope)
+            await (self._relay(send) if writer is None else self._push(writer, send))
             await send({"type": "http.response.body", "body": b"", "more_body": False})
             complete = not self.call.disconnected
         except OSError:
@@ -77,24 +82,59 @@ class StreamRelay(Response):
             self.call.disconnected = True
             self.upstream.close()
 
-    async def _relay(self) -> AsyncIterator[bytes]:
-        call, scanner = self.call, self.scanner
+    async def _relay(self, send: Send) -> None:
+        """Each piece of the answer, scanned, on to the client as an ASGI message."""
         try:
             async for data in self.upstream.chunks():
-                out = scanner.feed(data)
-                if call.first_byte_at is None and scanner.token_seen:
-                    call.first_byte_at = time.perf_counter()
-                if out:
-                    if call.events is not None:
-                        call.events += out.count(b"\n") >> 1
-                    self.answered = scanner.ended
-                    yield out
+                if out := self._scan(data):
+                    await send(more(out))
         except GatewayError as exc:
-            if not call.disconnected:
-                # Headers are sent: all that is left is to end the stream visibly.
-                call.status, call.error_type = exc.status, exc.type
-                yield b"data: " + exc.json() + b"\n\n"
+            await self._failed(exc, send)
             return
-        tail = scanner.tail()
-        if tail.strip():
-            yield tail
+        if (tail := self.scanner.tail()).strip():
+            await send(more(tail))
+
+    async def _push(self, writer: BodyWriter, send: Send) -> None:
+        """Each piece of the answer, scanned, written to the client from the upstream
+        connection's own callback (``Answer.pipe``): a piece costs no wake of this task,
+        no ASGI message. While the client's connection holds too much unsent, the
+        upstream is not read."""
+
+        def deliver(data: bytes) -> bool:
+            if out := self._scan(data):
+                writer.write(out)
+            return not writer.paused
+
+        try:
+            while not await self.upstream.pipe(deliver):
+                await writer.drain()
+        except GatewayError as exc:
+            await self._failed(exc, send)
+            return
+        if (tail := self.scanner.tail()).strip():
+            writer.write(tail)
+
+    def _scan(self, data: bytes) -> bytes:
+        """What of ``data`` goes to the client (whole events), noting what the call's end
+        and the slot forecast read: the first token, the events passed, the last event."""
+        call, scanner = self.call, self.scanner
+        out = scanner.feed(data)
+        if call.first_byte_at is None and scanner.token_seen:
+            call.first_byte_at = time.perf_counter()
+        if out:
+            if call.events is not None:
+                call.events += out.count(b"\n") >> 1
+            self.answered = scanner.ended
+        return out
+
+    async def _failed(self, exc: GatewayError, send: Send) -> None:
+        """The upstream failed mid-stream: headers are out, so all that is left is to end
+        the stream visibly with the error as its last event."""
+        if not self.call.disconnected:
+            self.call.status, self.call.error_type = exc.status, exc.type
+            await send(more(b"data: " + exc.json() + b"\n\n"))
+
+
+def more(chunk: bytes) -> Message:
+    """A piece of the stream's body, more to follow."""
+    return {"type": "http.response.body", "body": chunk, "more_body": True}

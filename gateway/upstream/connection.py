@@ -48,7 +48,8 @@ class Response:
     request abandoned and aborts it).
     """
 
-    __slots__ = ("_body", "_buffered", "_conn", "complete", "error", "headers", "heard", "status")
+    __slots__ = ("_body", "_buffered", "_conn", "_sink", "complete", "error", "headers", "heard",
+                 "status")  # fmt: skip
 
     def __init__(self, conn: Connection) -> None:
         self._conn: Connection | None = conn
@@ -63,6 +64,8 @@ class Response:
         self.error: BaseException | None = None
         self._body: list[bytes] = []
         self._buffered = 0
+        self._sink: Callable[[bytes], bool] | None = None
+        """Takes each piece of body as it arrives while piped (``pipe``)."""
 
     async def head(self) -> None:
         """Wait for the status and headers."""
@@ -78,6 +81,28 @@ class Response:
             if self.complete:
                 return b""
             await self._wait()
+
+    async def pipe(self, deliver: Callable[[bytes], bool]) -> bool:
+        """Hand each piece of the body to ``deliver`` as it arrives, from the connection's
+        own callback: a stream's reader is not woken once per piece (a future, a task step
+        and the frames it resumes, each piece costing more than the relay's own work).
+
+        True at the body's end; False once ``deliver`` returned False (its reader takes no
+        more for now): the socket is no longer read, and what arrives meanwhile is held
+        for the next ``pipe`` or ``chunk``."""
+        if self._body and not deliver(self._take()):
+            return False
+        self._sink = deliver
+        if self._conn is not None:
+            self._conn.drained()
+        try:
+            while self._sink is not None and not self.complete:
+                await self._wait()
+        finally:
+            self._sink = None
+        if self.error is not None:  # the sink's own, raised in the connection's callback
+            raise self.error
+        return self.complete and not self._body
 
     async def read(self) -> bytes:
         """The rest of the body, whole."""
@@ -156,6 +181,9 @@ class Connection(asyncio.Protocol):
             self._fail(ProtocolError("the backend switched protocols"))
         except httptools.HttpParserError as exc:
             self._fail(ProtocolError(f"malformed answer: {exc}"))
+        resp = self._response
+        if resp is not None and resp._sink is not None and resp._body:
+            self._deliver(resp)
 
     def eof_received(self) -> bool:
         return False  # close our side too; connection_lost follows
@@ -197,9 +225,10 @@ class Connection(asyncio.Protocol):
         assert resp is not None
         resp._body.append(body)
         resp._buffered += len(body)
-        if resp._buffered > HIGH_WATER and not self._paused and self._transport is not None:
-            self._paused = True
-            self._transport.pause_reading()
+        if resp._sink is not None:  # delivered once the piece read is parsed
+            return
+        if resp._buffered > HIGH_WATER:
+            self._pause()
         self._wake()
 
     def on_message_complete(self) -> None:
@@ -234,6 +263,28 @@ class Connection(asyncio.Protocol):
             await waiter
         finally:
             self._waiter = None
+
+    def _deliver(self, resp: Response) -> None:
+        """What a piped answer's read brought, to its sink at once: one piece per read, as
+        ``chunk`` takes it (a backend faster than the gateway sends many events per read).
+        A sink that takes no more stops the reading and wakes the answer's reader."""
+        assert resp._sink is not None
+        try:
+            taken = resp._sink(resp._take())
+        except Exception as exc:  # noqa: BLE001 - the reader's fault: raised to it, never to the loop
+            resp._sink, resp.error = None, exc
+            self._wake()
+            self.abort()
+            return
+        if not taken:
+            resp._sink = None
+            self._pause()
+            self._wake()
+
+    def _pause(self) -> None:
+        if not self._paused and self._transport is not None:
+            self._paused = True
+            self._transport.pause_reading()
 
     def drained(self) -> None:
         if self._paused and self._transport is not None:

@@ -54,3 +54,18 @@ async def test_everything_else_is_the_transports_own() -> None:
     transport = CoalescingTransport(inner, asyncio.get_running_loop())
     assert transport.get_extra_info("sockname") == ("127.0.0.1", 8080)
     assert transport.is_closing() is False
+
+
+async def test_write_now_sends_at_once_after_what_is_pending() -> None:
+    inner = Recorded()
+    transport = CoalescingTransport(inner, asyncio.get_running_loop())
+    transport.write_now(b"piece")
+    assert inner.sent == [b"piece"]  # not held to the turn's end
+    transport.write(b"HTTP/1.1 200 OK\r\n\r\n")
+    transport.write_now(b"first")
+    assert inner.sent[1:] == [b"HTTP/1.1 200 OK\r\n\r\nfirst"]  # in order, one send
+    await asyncio.sleep(0)
+    assert len(inner.sent) == 2  # the turn's end finds nothing left to send
+    transport.close()
+    transport.write_now(b"after close")
+    assert len(inner.sent) == 2

@@ -3,6 +3,8 @@ processes, the official openai client, the ledger read back from its SQLite file
 
 from __future__ import annotations
 
+import http.client
+import socket
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -11,6 +13,7 @@ from pathlib import Path
 
 import httpx
 import openai
+import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -107,3 +110,40 @@ def test_streams_on_a_backend_slow_to_first_byte_move_and_it_is_ejected(
         ejections = metric(url, "gateway_backend_ejections_total", backend=slow)
     assert retried == 2  # round robin sent two calls to it before it was ejected
     assert (state, ejections) == (1, 1)
+
+
+def test_a_client_reading_slowly_gets_its_whole_stream_in_order(tmp_path: Path) -> None:
+    """An instant backend sends a stream of some 8 MB at once, more than the kernel's socket
+    buffers hold (4 MB at most here), to a client whose socket takes 4 KB and which reads
+    nothing for half a second: the gateway's writes to it back up, and its relay stops
+    reading the backend until the client has read (a few times over, seen while this test
+    was written). Every token arrives once and in order, and the ledger meters them all."""
+    tokens = 40_000
+    with ExitStack() as stack:
+        [sim] = start_sims(stack, 1, "--instant", "--max-model-len", "50000")
+        cfg = write_config(tmp_path / "g.yaml", [sim])
+        url = stack.enter_context(gateway_process("serve", "--config", str(cfg)))
+        body = orjson.dumps({"model": MODEL, "max_tokens": tokens, "stream": True,
+                             "messages": [{"role": "user", "content": "count"}]})  # fmt: skip
+        sock = socket.socket()
+        stack.callback(sock.close)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.settimeout(30)
+        sock.connect(("127.0.0.1", int(url.rsplit(":", 1)[1])))
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\n"
+                     b"content-type: application/json\r\ncontent-length: %d\r\n\r\n%b"
+                     % (len(body), body))  # fmt: skip
+        time.sleep(0.5)
+        answer = http.client.HTTPResponse(sock)
+        answer.begin()
+        stream = answer.read()
+        [row] = ledger(tmp_path / "ledger.db", 1)
+    assert answer.status == 200
+    events = [e.removeprefix(b"data: ") for e in stream.split(b"\n\n") if e]
+    assert events[-1] == b"[DONE]"
+    chunks = [orjson.loads(e) for e in events[:-1]]
+    assert len({c["id"] for c in chunks}) == 1
+    pieces = [c["choices"][0]["delta"].get("content") for c in chunks]
+    assert len([p for p in pieces if p]) == tokens  # one event per token: none lost
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    assert (row["status"], row["completion_tokens"], row["estimated"]) == (200, tokens, 0)

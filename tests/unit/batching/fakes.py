@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+from gateway.answers import Deliver, pull
 from gateway.backends import Backend
 from gateway.errors import GatewayError
 from gateway.flow import Call, Decision, PrefixKey, Request, Route
@@ -22,12 +23,18 @@ class FakeUpstream:
             self.queue.put_nowait(None)
         self.closed = False
         self.released = False
+        self._piped: AsyncIterator[bytes] | None = None
 
     async def chunks(self) -> AsyncIterator[bytes]:
         while (item := await self.queue.get()) is not None:
             if isinstance(item, BaseException):
                 raise item
             yield item
+
+    async def pipe(self, deliver: Deliver) -> bool:
+        if self._piped is None:
+            self._piped = self.chunks()
+        return await pull(self._piped, deliver)
 
     async def read(self) -> bytes:
         return b"".join([c async for c in self.chunks()])

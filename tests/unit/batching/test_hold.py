@@ -65,14 +65,15 @@ def test_the_hold_key_names_the_first_hold_min_tokens() -> None:
     assert hold.key(call_with_prefix([1, 2, 9, 4])) != hold.key(call_with_prefix([1, 2, 3, 4]))
 
 
-async def test_followers_wait_for_the_leaders_first_token_then_follow_it() -> None:
+@pytest.mark.parametrize("piped", [False, True])
+async def test_followers_wait_for_the_leaders_first_token_then_follow_it(piped: bool) -> None:
     hold, leader_answer = PrefixHold(BatchingSettings(hold_min_tokens=32)), FakeUpstream()
     send = FakeSend(decision="miss", answers=[leader_answer])
     leader_call = chat_call([1, 2, 3])
     backend, answer = await hold.submit(leader_call, b"lead", send)
     followers = [chat_call([1, 2, 4]) for _ in range(2)]
     waiting = [asyncio.create_task(hold.submit(c, b"follow", send)) for c in followers]
-    relay = asyncio.create_task(collect(answer))
+    relay = asyncio.create_task(collect(answer, piped))
     leader_answer.queue.put_nowait(chunk({"role": "assistant", "content": ""}))
     await asyncio.sleep(0.01)
     assert len(send.sent) == 1, "released before the prefix was computed"
@@ -82,10 +83,11 @@ async def test_followers_wait_for_the_leaders_first_token_then_follow_it() -> No
     assert [c.served_by for c in followers] == ["held", "held"]
     assert leader_call.served_by == "upstream"
     leader_answer.queue.put_nowait(None)
-    await relay
+    assert await relay == chunk({"role": "assistant", "content": ""}) + chunk({"content": " the"})
 
 
-async def test_a_failed_leader_releases_followers_to_normal_routing() -> None:
+@pytest.mark.parametrize("piped", [False, True])
+async def test_a_failed_leader_releases_followers_to_normal_routing(piped: bool) -> None:
     hold, leader_answer = PrefixHold(BatchingSettings(hold_min_tokens=32)), FakeUpstream()
     send = FakeSend(decision="miss", answers=[leader_answer])
     _, answer = await hold.submit(chat_call([1, 2]), b"lead", send)
@@ -93,7 +95,7 @@ async def test_a_failed_leader_releases_followers_to_normal_routing() -> None:
     waiting = asyncio.create_task(hold.submit(follower, b"follow", send))
     leader_answer.queue.put_nowait(BadGateway("broke"))
     with pytest.raises(BadGateway):
-        await collect(answer)
+        await collect(answer, piped)
     await waiting
     assert send.sent[-1][2] is None
     assert follower.served_by == "upstream"
@@ -133,8 +135,20 @@ async def test_nobody_waits_for_a_leader_routed_to_a_warm_prefix() -> None:
     await leading
 
 
-async def collect(answer: Answer) -> bytes:
-    return b"".join([c async for c in answer.chunks()])
+async def collect(answer: Answer, piped: bool = False) -> bytes:
+    """The answer's body, read as the relay reads it: by chunks, or piped (one piece
+    refused, so the pipe stops once and goes on)."""
+    if not piped:
+        return b"".join([c async for c in answer.chunks()])
+    got: list[bytes] = []
+
+    def deliver(piece: bytes) -> bool:
+        got.append(piece)
+        return len(got) != 1
+
+    while not await answer.pipe(deliver):
+        pass
+    return b"".join(got)
 
 
 async def test_a_leader_past_its_deadline_is_replaced() -> None:

@@ -43,6 +43,26 @@ async def test_a_late_listener_replays_from_the_start_then_follows() -> None:
     assert late.headers["x-backend-instance"] == "b1"
 
 
+async def test_a_piped_listener_refusing_a_piece_goes_on_where_it_stopped() -> None:
+    up = FakeUpstream()
+    shared = SharedAnswer(up, on_end=lambda _: None)
+    listener = shared.listen()
+    assert listener is not None
+    got: list[bytes] = []
+
+    def deliver(piece: bytes) -> bool:
+        got.append(piece)
+        return len(got) > 1  # refuses more after the first piece
+
+    for piece in (b"a", b"b", None):
+        up.queue.put_nowait(piece)
+    await settle()
+    assert await listener.pipe(deliver) is False
+    assert await listener.pipe(deliver) is True
+    assert got == [b"ab"]  # all that had come, in one piece, delivered once
+    listener.close()
+
+
 async def test_only_the_last_listener_leaving_ends_the_upstream_call() -> None:
     up = FakeUpstream()
     shared = SharedAnswer(up, on_end=lambda _: None)

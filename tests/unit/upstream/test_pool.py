@@ -126,6 +126,125 @@ async def test_a_chunked_stream_arrives_chunk_by_chunk() -> None:
     assert s.connections == 1
 
 
+async def until(condition: Callable[[], bool]) -> None:
+    """Wait for a condition that loopback I/O makes true within moments (polled: what
+    makes it true is the connection's callback, which signals nothing a test could await)."""
+    async with asyncio.timeout(5):
+        while not condition():  # noqa: ASYNC110
+            await asyncio.sleep(0.005)
+
+
+def taking(got: list[bytes]) -> Callable[[bytes], bool]:
+    """A pipe's reader that takes every piece, into ``got``."""
+
+    def deliver(piece: bytes) -> bool:
+        got.append(piece)
+        return True
+
+    return deliver
+
+
+async def test_a_piped_stream_is_delivered_as_it_arrives_and_held_while_refused() -> None:
+    gates = [asyncio.Event(), asyncio.Event()]
+
+    async def stream(writer: asyncio.StreamWriter, _: asyncio.StreamReader, s: Server) -> bool:
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nfirst\r\n")
+        await writer.drain()
+        await gates[0].wait()
+        writer.write(b"6\r\nsecond\r\n")
+        await writer.drain()
+        await gates[1].wait()
+        writer.write(b"5\r\nthird\r\n0\r\n\r\n")
+        return True
+
+    got: list[bytes] = []
+
+    def refuse_after_second(piece: bytes) -> bool:
+        got.append(piece)
+        return piece != b"second"
+
+    async with server(stream) as s:
+        p = pool(s.url)
+        resp = await p.request("/", b"{}", HEADERS, 5)
+        piping = asyncio.create_task(resp.pipe(refuse_after_second))
+        await until(lambda: got == [b"first"])  # delivered while the pipe still waits
+        assert not piping.done()
+        gates[0].set()
+        assert await asyncio.wait_for(piping, 5) is False  # refused: the pipe stops
+        gates[1].set()
+        await asyncio.sleep(0.05)
+        assert got == [b"first", b"second"]  # what came meanwhile is held, not delivered
+        assert await resp.pipe(taking(got)) is True
+        assert got == [b"first", b"second", b"third"]
+        assert resp.complete
+        resp.release()
+        again = await p.request("/", b"{}", HEADERS, 5)  # the connection is reused
+        assert await again.read() == b"firstsecondthird"
+        again.release()
+        await p.aclose()
+    assert s.connections == 1
+
+
+async def test_a_piped_stream_broken_midway_raises_to_its_reader() -> None:
+    async def answer(writer: asyncio.StreamWriter, _: asyncio.StreamReader, s: Server) -> bool:
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nfirst\r\n")
+        return False
+
+    got: list[bytes] = []
+    async with server(answer) as s:
+        p = pool(s.url)
+        resp = await p.request("/", b"{}", HEADERS, 5)
+        with pytest.raises(ConnectionBroken):
+            await resp.pipe(taking(got))
+        resp.close()
+        await p.aclose()
+    assert got == [b"first"]
+
+
+async def test_a_reader_raising_on_what_arrived_before_the_pipe_is_raised_to_it() -> None:
+    def broken_reader(piece: bytes) -> bool:
+        raise ValueError(piece)
+
+    async with server(first_chunk_then_silence) as s:
+        p = pool(s.url)
+        resp = await p.request("/", b"{}", HEADERS, 5)
+        await until(lambda: resp.heard)
+        await asyncio.sleep(0.05)  # the first chunk is in: the pipe delivers it at once
+        with pytest.raises(ValueError, match="first"):
+            await resp.pipe(broken_reader)
+        resp.close()
+        await p.aclose()
+
+
+async def test_a_reader_raising_in_the_connections_callback_is_raised_to_it() -> None:
+    go_on = asyncio.Event()
+
+    async def answer(writer: asyncio.StreamWriter, reader: asyncio.StreamReader, s: Server) -> bool:
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+        await writer.drain()
+        await go_on.wait()
+        writer.write(b"5\r\nfirst\r\n")
+        await writer.drain()
+        await reader.read()
+        s.left.set()
+        return False
+
+    def broken_reader(piece: bytes) -> bool:
+        raise ValueError(piece)
+
+    async with server(answer) as s:
+        p = pool(s.url)
+        resp = await p.request("/", b"{}", HEADERS, 5)
+        piping = asyncio.create_task(resp.pipe(broken_reader))
+        await asyncio.sleep(0.05)
+        go_on.set()
+        with pytest.raises(ValueError, match="first"):
+            await asyncio.wait_for(piping, 5)
+        await asyncio.wait_for(s.left.wait(), 5)  # closed: the backend sees the call end
+        resp.close()
+        await p.aclose()
+
+
 async def test_a_body_ended_by_the_connection_closing_is_whole() -> None:
     async def until_close(writer: asyncio.StreamWriter, _: asyncio.StreamReader, s: Server) -> bool:
         writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\n\r\nall of it")
