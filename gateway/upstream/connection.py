@@ -2,8 +2,9 @@
 
 An asyncio Protocol: the event loop hands it the bytes as they arrive, httptools parses
 them (it calls back with the status, each header, each piece of body, the end), and the
-reader of the answer is woken only when there is something new for it. The body comes as
-the backend sent it (chunked framing taken off, nothing copied or re-encoded).
+reader of the answer is woken only when there is something new for it, and a piped one
+(``Response.pipe``) not even then: each read's body is handed to it from the callback.
+The body comes as the backend sent it (chunked framing taken off, nothing re-encoded).
 
 Each silence of the backend is bounded while an answer is awaited (``expect``), by one
 timer per connection that is re-armed only when it fires: a connection that serves call
@@ -100,7 +101,7 @@ class Response:
                 await self._wait()
         finally:
             self._sink = None
-        if self.error is not None:  # the sink's own, raised in the connection's callback
+        if self.error is not None:  # what failed meanwhile, a sink's own exception among it
             raise self.error
         return self.complete and not self._body
 
