@@ -13,7 +13,7 @@ import pytest
 
 from gateway.sim.config import SimConfig
 from gateway.sim.server import start_simulator
-from gateway.upstream import ConnectError, ConnectionBroken, Pool, ProtocolError
+from gateway.upstream import ConnectError, ConnectionBroken, Pool, ProtocolError, Response
 from tests.conftest import free_port
 
 HEADERS = [("content-type", "application/json"), ("x-request-id", "r1")]
@@ -186,32 +186,25 @@ async def test_a_piped_stream_is_delivered_as_it_arrives_and_held_while_refused(
 
 
 async def test_a_piped_stream_broken_midway_raises_to_its_reader() -> None:
-    async def answer(writer: asyncio.StreamWriter, _: asyncio.StreamReader, s: Server) -> bool:
-        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nfirst\r\n")
-        return False
-
     got: list[bytes] = []
-    async with server(answer) as s:
-        p = pool(s.url)
-        resp = await p.request("/", b"{}", HEADERS, 5)
-        with pytest.raises(ConnectionBroken):
-            await resp.pipe(taking(got))
-        resp.close()
-        await p.aclose()
+    exc = await broken(MIDWAY, lambda resp: resp.pipe(taking(got)))
+    assert isinstance(exc, ConnectionBroken)
     assert got == [b"first"]
 
 
-async def test_a_reader_raising_on_what_arrived_before_the_pipe_is_raised_to_it() -> None:
-    def broken_reader(piece: bytes) -> bool:
-        raise ValueError(piece)
+def raising(piece: bytes) -> bool:
+    """A pipe's reader that fails on the first piece it is given."""
+    raise ValueError(piece)
 
+
+async def test_a_reader_raising_on_what_arrived_before_the_pipe_is_raised_to_it() -> None:
     async with server(first_chunk_then_silence) as s:
         p = pool(s.url)
         resp = await p.request("/", b"{}", HEADERS, 5)
         await until(lambda: resp.heard)
         await asyncio.sleep(0.05)  # the first chunk is in: the pipe delivers it at once
         with pytest.raises(ValueError, match="first"):
-            await resp.pipe(broken_reader)
+            await resp.pipe(raising)
         resp.close()
         await p.aclose()
 
@@ -229,13 +222,10 @@ async def test_a_reader_raising_in_the_connections_callback_is_raised_to_it() ->
         s.left.set()
         return False
 
-    def broken_reader(piece: bytes) -> bool:
-        raise ValueError(piece)
-
     async with server(answer) as s:
         p = pool(s.url)
         resp = await p.request("/", b"{}", HEADERS, 5)
-        piping = asyncio.create_task(resp.pipe(broken_reader))
+        piping = asyncio.create_task(resp.pipe(raising))
         await asyncio.sleep(0.05)
         go_on.set()
         with pytest.raises(ValueError, match="first"):
@@ -258,8 +248,11 @@ async def test_a_body_ended_by_the_connection_closing_is_whole() -> None:
         await p.aclose()
 
 
-async def broken(reply: bytes) -> BaseException:
-    """What reading an answer that is ``reply`` and then a closed connection raises."""
+async def broken(
+    reply: bytes, read: Callable[[Response], Awaitable[object]] = Response.read
+) -> BaseException:
+    """What reading (``read``) an answer that is ``reply`` and then a closed connection
+    raises."""
 
     async def answer(writer: asyncio.StreamWriter, _: asyncio.StreamReader, s: Server) -> bool:
         writer.write(reply)
@@ -270,7 +263,7 @@ async def broken(reply: bytes) -> BaseException:
         try:
             resp = await p.request("/", b"{}", HEADERS, 5)
             try:
-                await resp.read()
+                await read(resp)
             finally:
                 resp.close()
         except Exception as exc:
@@ -285,8 +278,12 @@ async def test_a_truncated_body_is_a_broken_connection() -> None:
     assert isinstance(exc, ConnectionBroken)
 
 
+MIDWAY = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nfirst\r\n"
+"""A stream's head and first chunk, then nothing: the connection closes."""
+
+
 async def test_a_stream_closed_midway_is_a_broken_connection() -> None:
-    exc = await broken(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nfirst\r\n")
+    exc = await broken(MIDWAY)
     assert isinstance(exc, ConnectionBroken)
 
 
