@@ -14,7 +14,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gateway import access, pipeline
+from gateway import pipeline
 from gateway.api import admin, openai, ops
 from gateway.api.openai import ProxyEndpoints, error_response
 from gateway.errors import GatewayError, InternalError, InvalidRequest, NotFound
@@ -95,8 +95,9 @@ async def _unexpected_error(request: Request, exc: Exception) -> Response:
     failure = InternalError()
     call.status, call.error_type = failure.status, failure.type
     services: Services | None = getattr(request.app.state, "services", None)
-    if services is not None and services.settings.metrics_enabled:
-        services.metrics.observe(call, services.backends.models)
-    access.write(call)
+    if services is not None:
+        if services.settings.metrics_enabled:
+            services.metrics.observe(call, services.backends.models)
+        services.access.write(call)
     failure.headers.update(pipeline.id_headers(call))
     return error_response(failure)

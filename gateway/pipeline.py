@@ -21,7 +21,6 @@ from functools import partial
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from gateway import access
 from gateway.answers import Answer, read_whole
 from gateway.backends import Backend
 from gateway.errors import GatewayError, InternalError, ShuttingDown
@@ -192,7 +191,7 @@ def finish(call: Call, svc: Services) -> None:
         call.overhead = overhead(call)
     if svc.settings.metrics_enabled:
         svc.metrics.observe(call, svc.backends.models)
-    access.write(call)
+    svc.access.write(call)
 
 
 def failed(call: Call, svc: Services, exc: GatewayError) -> GatewayError:

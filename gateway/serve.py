@@ -139,10 +139,3 @@ def configure_logging(settings: Settings) -> None:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stdout,
     )
-    access = logging.getLogger("gateway.access")
-    access.setLevel(logging.INFO if settings.server.access_log else logging.WARNING)
-    # Access lines are JSON objects on their own, one per line, for log shippers.
-    handler = logging.StreamHandler(sys.stdout)
-    handler.setFormatter(logging.Formatter("%(message)s"))
-    access.handlers = [handler]
-    access.propagate = False

@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 
 from prometheus_client import CollectorRegistry
 
+from gateway.access import AccessLog
 from gateway.backends import BackendPool
 from gateway.batching import Batcher
 from gateway.index import open_index
@@ -44,6 +45,7 @@ class Services:
     limits: Limiter
     plans: limits_stage.Plans
     batching: Batcher
+    access: AccessLog
     started_at: float
 
     @classmethod
@@ -83,6 +85,8 @@ class Services:
             stack.push_async_callback(backends.aclose)
             batcher = Batcher(settings.batching)
             stack.push_async_callback(batcher.aclose)
+            access = AccessLog.to_stdout(settings.server.access_log)
+            stack.callback(access.flush)  # the last calls' lines, drained at shutdown
             yield cls(
                 settings=settings,
                 registry=registry,
@@ -97,6 +101,7 @@ class Services:
                 limits=limits,
                 plans=limits_stage.Plans(),
                 batching=batcher,
+                access=access,
                 started_at=time.time(),
             )
 

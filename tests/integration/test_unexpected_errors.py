@@ -10,13 +10,17 @@ method raises.
 from __future__ import annotations
 
 import logging
+import os
 import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import orjson
 import pytest
 
+from gateway.access import AccessLog
 from gateway.services import Services
 from tests.integration.conftest import InProcess
 
@@ -40,8 +44,19 @@ def requests_total(svc: Services, **labels: str) -> float:
     return svc.registry.get_sample_value("gateway_requests_total", labels) or 0.0
 
 
-def access_lines(caplog: pytest.LogCaptureFixture) -> list[dict[str, Any]]:
-    return [orjson.loads(r.getMessage()) for r in caplog.records if r.name == "gateway.access"]
+@pytest.fixture
+def access_log(in_process: InProcess, tmp_path: Path) -> Iterator[Path]:
+    """The app's access lines, to a file of the test's own."""
+    path = tmp_path / "access.jsonl"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    in_process.services.access = AccessLog(fd)
+    yield path
+    os.close(fd)
+
+
+def access_lines(svc: Services, path: Path) -> list[dict[str, Any]]:
+    svc.access.flush()
+    return [orjson.loads(line) for line in path.read_bytes().splitlines()]
 
 
 def assert_hidden_500(resp: httpx.Response) -> None:
@@ -60,7 +75,7 @@ def assert_hidden_500(resp: httpx.Response) -> None:
 
 
 async def test_a_bug_in_a_proxied_call_is_answered_logged_counted_and_metered(
-    in_process: InProcess, caplog: pytest.LogCaptureFixture
+    in_process: InProcess, access_log: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     svc = in_process.services
     svc.policy = Exploding(svc.policy, "choose")
@@ -74,7 +89,7 @@ async def test_a_bug_in_a_proxied_call_is_answered_logged_counted_and_metered(
     assert traceback.name == "gateway.pipeline"
     labels = {"model": MODEL, "endpoint": "chat", "status": "500", "error_type": "internal_error"}
     assert requests_total(svc, **labels) == 1
-    [line] = access_lines(caplog)
+    [line] = access_lines(svc, access_log)
     assert (line["status"], line["error"], line["model"]) == (500, "internal_error", MODEL)
     await svc.ledger.aclose()  # writes what it holds (the lifespan's close is then a no-op)
     with sqlite3.connect(in_process.ledger_db) as conn:
@@ -83,7 +98,7 @@ async def test_a_bug_in_a_proxied_call_is_answered_logged_counted_and_metered(
 
 
 async def test_a_bug_in_an_ordinary_route_is_answered_logged_and_counted(
-    in_process: InProcess, caplog: pytest.LogCaptureFixture
+    in_process: InProcess, access_log: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     svc = in_process.services
     real = svc.index
@@ -98,6 +113,6 @@ async def test_a_bug_in_an_ordinary_route_is_answered_logged_and_counted(
     assert any(r.exc_info is not None and r.name == "gateway.app" for r in caplog.records)
     labels = {"model": "", "endpoint": "", "status": "500", "error_type": "internal_error"}
     assert requests_total(svc, **labels) == 1
-    [line] = access_lines(caplog)
+    [line] = access_lines(svc, access_log)
     assert (line["status"], line["error"]) == (500, "internal_error")
     assert (await in_process.client.get("/metrics")).status_code == 200

@@ -1,13 +1,19 @@
-"""The access log: one JSON line per call, without the key."""
+"""The access log: one JSON line per call, without the key, written a loop turn at a time
+in whole lines of at most PIPE_BUF bytes."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
 
 import orjson
 import pytest
 
-from gateway import access
+from gateway.access import PIPE_BUF, AccessLog
 from gateway.flow import Call, Cost, Principal, Request, Route, Usage
 
 
@@ -26,15 +32,24 @@ def finished_call(stream: bool) -> Call:
     return call
 
 
-def test_access_log_is_one_json_line_without_the_key(caplog: pytest.LogCaptureFixture) -> None:
+@pytest.fixture
+def out(tmp_path: Path) -> Iterator[tuple[AccessLog, Path]]:
+    path = tmp_path / "access.jsonl"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    yield AccessLog(fd), path
+    os.close(fd)
+
+
+async def test_access_log_is_one_json_line_without_the_key(out: tuple[AccessLog, Path]) -> None:
+    log, path = out
     call = finished_call(stream=True)
     call.overhead = 0.0021
-    with caplog.at_level(logging.INFO, logger="gateway.access"):
-        access.write(call)
-    [record] = caplog.records
-    line = record.getMessage()
-    assert "\n" not in line
-    assert "s3cret" not in line
+    call.received_wall = 1_765_000_000.123456
+    log.write(call)
+    assert path.read_bytes() == b""  # held until the loop's turn ends
+    await asyncio.sleep(0)
+    [line] = path.read_bytes().splitlines()
+    assert b"s3cret" not in line
     entry = orjson.loads(line)
     assert entry["request_id"] == "req-1"
     assert entry["key_id"] == "key-7"
@@ -49,10 +64,74 @@ def test_access_log_is_one_json_line_without_the_key(caplog: pytest.LogCaptureFi
     assert entry["latency_ms"] == pytest.approx(250, abs=0.01)
     assert entry["overhead_ms"] == 2.1
     assert entry["cost_usd"] == "0.0001234000"
-    assert entry["ts"].endswith("+00:00")
+    wall = datetime.fromtimestamp(call.received_wall, UTC)
+    assert entry["ts"] == wall.isoformat(timespec="milliseconds") == "2025-12-06T05:46:40.123+00:00"
 
 
-def test_access_log_off_costs_nothing(caplog: pytest.LogCaptureFixture) -> None:
+async def test_timestamps_follow_the_clock_across_seconds(out: tuple[AccessLog, Path]) -> None:
+    log, path = out
+    walls = [1_765_000_000.999, 1_765_000_001.0, 1_765_000_001.5, 1_765_000_000.25]
+    for wall in walls:
+        call = finished_call(stream=False)
+        call.received_wall = wall
+        log.write(call)
+    await asyncio.sleep(0)
+    stamps = [orjson.loads(line)["ts"] for line in path.read_bytes().splitlines()]
+    assert stamps == [
+        datetime.fromtimestamp(w, UTC).isoformat(timespec="milliseconds") for w in walls
+    ]
+
+
+async def test_a_turns_lines_go_out_in_whole_lines_of_at_most_pipe_buf(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "access.jsonl"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT)
+    writes: list[bytes] = []
+
+    def write(to: int, data: memoryview) -> int:
+        if to == fd:
+            writes.append(bytes(data))
+        return real(to, data)
+
+    real = os.write
+    monkeypatch.setattr(os, "write", write)
+    log = AccessLog(fd)
+    calls = [finished_call(stream=False) for _ in range(40)]
+    for i, call in enumerate(calls):
+        call.id = f"req-{i}"
+        log.write(call)
+    await asyncio.sleep(0)
+    os.close(fd)
+    assert 1 < len(writes) < len(calls)
+    assert all(len(w) <= PIPE_BUF and w.endswith(b"\n") for w in writes)
+    ids = [orjson.loads(line)["request_id"] for line in path.read_bytes().splitlines()]
+    assert ids == [c.id for c in calls]
+
+
+async def test_a_failed_write_drops_the_lines_says_so_once_and_recovers(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    read, write = os.pipe()
+    os.close(read)  # every write now fails: EPIPE
+    log = AccessLog(write)
     with caplog.at_level(logging.WARNING, logger="gateway.access"):
-        access.write(finished_call(stream=False))
-    assert caplog.records == []
+        for _ in range(2):
+            log.write(finished_call(stream=False))
+            await asyncio.sleep(0)
+    assert len(caplog.records) == 1
+    assert "write failed" in caplog.records[0].getMessage()
+    path = tmp_path / "access.jsonl"
+    file = os.open(path, os.O_WRONLY | os.O_CREAT)
+    os.dup2(file, write)  # the log's descriptor now names a file that takes writes
+    os.close(file)
+    with caplog.at_level(logging.WARNING, logger="gateway.access"):
+        log.write(finished_call(stream=False))
+        await asyncio.sleep(0)
+    os.close(write)
+    assert len(path.read_bytes().splitlines()) == 1
+    assert len(caplog.records) == 1
+
+
+def test_access_log_off_costs_nothing() -> None:
+    AccessLog(None).write(finished_call(stream=False))  # no loop, no descriptor: no work
