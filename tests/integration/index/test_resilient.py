@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
-from collections.abc import Callable
-
-import pytest
 
 from gateway.index import open_index
 from gateway.index.base import PrefixIndex
 from gateway.settings import Settings, load_settings
 from tests.conftest import free_port
 from tests.integration.index.redis_servers import RedisProcess
+from tests.polling import eventually
 
 A = list(range(1, 9))
 B = list(range(11, 19))
@@ -22,15 +19,6 @@ def settings(port: int) -> Settings:
     return load_settings(
         redis={"url": f"redis://127.0.0.1:{port}/0", "timeout": 0.1, "probe_interval": 0.1},
     )
-
-
-async def eventually(check: Callable[[], bool]) -> None:
-    """Poll check for up to 5 s: the breaker changes state on its own probe schedule."""
-    for _ in range(100):
-        if check():
-            return
-        await asyncio.sleep(0.05)
-    pytest.fail("condition not reached within 5 s")
 
 
 async def test_unreachable_redis_degrades_to_the_local_index() -> None:

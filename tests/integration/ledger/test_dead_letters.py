@@ -11,7 +11,6 @@ import asyncio
 import json
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +30,7 @@ from gateway.settings import Settings
 from tests.integration.ledger.factory import ledger_settings, make_call, record
 from tests.integration.ledger.postgres import PrivatePostgres
 from tests.integration.ledger.test_outage import migrate
+from tests.polling import eventually
 from tests.servers import ROOT
 
 PRICES = {"alpha": {"input": "0.15", "cached_input": "0.075", "output": "0.60"}}
@@ -53,14 +53,6 @@ def metric(registry: CollectorRegistry, name: str) -> float:
     value = registry.get_sample_value(name)
     assert value is not None, name
     return value
-
-
-async def until(check: Callable[[], object], seconds: float = 30) -> None:
-    for _ in range(int(seconds * 20)):
-        if check():
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError("timed out waiting for the ledger")
 
 
 async def ledger_ids(engine: AsyncEngine) -> list[str]:
@@ -93,7 +85,9 @@ async def test_a_poisoned_row_is_set_aside_and_every_other_row_written(
     ledger = Ledger(settings_for(db_url, tmp_path / "spool"), registry)
     await ledger.start()
     bad, calls = await poison_then_good(ledger, db_url)
-    await until(lambda: registry.get_sample_value("gateway_ledger_rows_written_total") == GOOD)
+    await eventually(
+        lambda: registry.get_sample_value("gateway_ledger_rows_written_total") == GOOD, within=30
+    )
     await ledger.aclose()
 
     engine = make_engine(db_url)
@@ -122,7 +116,7 @@ async def test_spool_replay_at_start_sets_a_poisoned_row_aside(db_url: str, tmp_
     registry = CollectorRegistry()
     ledger = Ledger(settings_for(db_url, tmp_path / "spool"), registry)
     await ledger.start()
-    await until(lambda: registry.get_sample_value("gateway_ledger_spool_rows") == 0)
+    await eventually(lambda: registry.get_sample_value("gateway_ledger_spool_rows") == 0, within=30)
     await ledger.aclose()
 
     engine = make_engine(db_url)
@@ -147,7 +141,9 @@ async def test_poison_and_a_thousand_calls_before_and_after_a_restart(
     ledger = Ledger(settings, registry)
     await ledger.start()
     first_bad, first = await poison_then_good(ledger, private_pg.url)
-    await until(lambda: registry.get_sample_value("gateway_ledger_rows_written_total") == GOOD)
+    await eventually(
+        lambda: registry.get_sample_value("gateway_ledger_rows_written_total") == GOOD, within=30
+    )
     assert metric(registry, "gateway_ledger_dead_letters_total") == 1
     assert metric(registry, "gateway_ledger_dead_letter_rows") == 1
 
@@ -161,7 +157,7 @@ async def test_poison_and_a_thousand_calls_before_and_after_a_restart(
     after = CollectorRegistry()
     restarted = Ledger(settings, after)
     await restarted.start()
-    await until(lambda: after.get_sample_value("gateway_ledger_spool_rows") == 0)
+    await eventually(lambda: after.get_sample_value("gateway_ledger_spool_rows") == 0, within=30)
     await restarted.aclose()
 
     assert metric(after, "gateway_ledger_dead_letters_total") == 1

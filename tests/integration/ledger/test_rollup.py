@@ -35,8 +35,9 @@ from gateway.ledger.scorecard import duration_counts, percentile_query
 from gateway.ledger.spool import Spool
 from gateway.ledger.store import insert_rows
 from tests.integration.ledger.factory import ledger_settings, make_call
-from tests.integration.ledger.test_dead_letters import metric, poisoned, until
+from tests.integration.ledger.test_dead_letters import metric, poisoned
 from tests.integration.ledger.test_migrate import migrate_to
+from tests.polling import eventually
 
 PRICES = {"alpha": {"input": "0.15", "cached_input": "0.075", "output": "0.60"},
           "beta": {"input": "1", "cached_input": "0.1", "output": "2"}}  # fmt: skip
@@ -160,7 +161,10 @@ async def written(db_url: str, tmp_path: Path, rows: list[Row]) -> CollectorRegi
     assert ledger._writer is not None
     for row in rows:
         ledger._writer.put(row)
-    await until(lambda: ledger._writer is not None and ledger._writer.depth == ledger.spooled == 0)
+    await eventually(
+        lambda: ledger._writer is not None and ledger._writer.depth == ledger.spooled == 0,
+        within=30,
+    )
     await ledger.aclose()
     return registry
 

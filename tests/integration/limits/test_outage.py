@@ -23,6 +23,7 @@ from gateway.limits.redis import RedisLimiter
 from gateway.settings import LimitsSettings
 from tests.integration.index.redis_servers import RedisProcess
 from tests.integration.limits.conftest import redis_limiter
+from tests.polling import eventually
 
 
 @pytest.fixture
@@ -46,13 +47,6 @@ def degraded(registry: CollectorRegistry, mode: str) -> float | None:
 
 def rpm(limit: int) -> Plan:
     return Plan("t", (Bucket("key", "requests", "k", limit),), (), ())
-
-
-async def eventually(check: Callable[[], bool], within: float = 5.0) -> None:
-    deadline = time.monotonic() + within
-    while not check():
-        assert time.monotonic() < deadline, "the condition never came true"
-        await asyncio.sleep(0.02)
 
 
 async def served(admit: Callable[[], Awaitable[bool]], at_most: int) -> int:

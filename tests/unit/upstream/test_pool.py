@@ -15,6 +15,7 @@ from gateway.sim.config import SimConfig
 from gateway.sim.server import start_simulator
 from gateway.upstream import ConnectError, ConnectionBroken, Pool, ProtocolError, Response
 from tests.conftest import free_port
+from tests.polling import eventually
 
 HEADERS = [("content-type", "application/json"), ("x-request-id", "r1")]
 
@@ -126,14 +127,6 @@ async def test_a_chunked_stream_arrives_chunk_by_chunk() -> None:
     assert s.connections == 1
 
 
-async def until(condition: Callable[[], bool]) -> None:
-    """Wait for a condition that loopback I/O makes true within moments (polled: what
-    makes it true is the connection's callback, which signals nothing a test could await)."""
-    async with asyncio.timeout(5):
-        while not condition():  # noqa: ASYNC110
-            await asyncio.sleep(0.005)
-
-
 def taking(got: list[bytes]) -> Callable[[bytes], bool]:
     """A pipe's reader that takes every piece, into ``got``."""
 
@@ -167,7 +160,7 @@ async def test_a_piped_stream_is_delivered_as_it_arrives_and_held_while_refused(
         p = pool(s.url)
         resp = await p.request("/", b"{}", HEADERS, 5)
         piping = asyncio.create_task(resp.pipe(refuse_after_second))
-        await until(lambda: got == [b"first"])  # delivered while the pipe still waits
+        await eventually(lambda: got == [b"first"])  # delivered while the pipe still waits
         assert not piping.done()
         gates[0].set()
         assert await asyncio.wait_for(piping, 5) is False  # refused: the pipe stops
@@ -201,7 +194,7 @@ async def test_a_reader_raising_on_what_arrived_before_the_pipe_is_raised_to_it(
     async with server(first_chunk_then_silence) as s:
         p = pool(s.url)
         resp = await p.request("/", b"{}", HEADERS, 5)
-        await until(lambda: resp.heard)
+        await eventually(lambda: resp.heard)
         await asyncio.sleep(0.05)  # the first chunk is in: the pipe delivers it at once
         with pytest.raises(ValueError, match="first"):
             await resp.pipe(raising)
