@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -18,8 +19,10 @@ DB_ERRORS: tuple[type[BaseException], ...] = (
     SQLAlchemyError,
     asyncpg.PostgresError,
     asyncpg.InterfaceError,
+    sqlite3.Error,
 )
-"""What a failing or unreachable database raises, through SQLAlchemy or raw asyncpg."""
+"""What a failing or unreachable database raises, through SQLAlchemy or the raw drivers
+(asyncpg, sqlite3 through aiosqlite) the ledger writer uses."""
 
 CONTENT_SQLSTATES = ("22", "23")
 """SQLSTATE classes of a refused value: data exception (a NUL or a character the encoding
@@ -38,6 +41,8 @@ def refused_content(exc: BaseException) -> bool:
     if isinstance(exc, OverflowError | UnicodeError):  # the driver could not encode a value
         return True
     if isinstance(exc, sqlalchemy.exc.DataError | sqlalchemy.exc.IntegrityError):
+        return True
+    if isinstance(exc, sqlite3.DataError | sqlite3.IntegrityError):  # the writer's raw driver
         return True
     seen: BaseException | None = exc
     for _ in range(4):  # SQLAlchemy wraps the driver's error, which names the SQLSTATE

@@ -6,23 +6,27 @@ committed COPY is new. Only a
 batch that hits the unique request_id (a replay after a commit whose reply was lost, or
 a spool replayed twice) is written the careful way: COPY into a per-connection staging
 table and ``INSERT ... SELECT ... ON CONFLICT (request_id) DO NOTHING RETURNING``, so a
-replayed batch never counts a call twice. SQLite gets the same conflict rule through the
-same staging shape (see ``_insert_sqlite``). Either way the ledger's triggers add exactly
-the rows inserted to the hourly rollup in the same statement (gateway.ledger.rollup).
+replayed batch never counts a call twice. SQLite takes a batch by one INSERT ... ON
+CONFLICT DO NOTHING on its driver connection, with the same rule for a replay (see
+``_insert_sqlite``). Either way the ledger's triggers add exactly the rows inserted to the
+hourly rollup in the same statement (gateway.ledger.rollup).
 """
 
 from __future__ import annotations
 
 import contextlib
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
+import aiosqlite
 import asyncpg
-from sqlalchemy import Column, MetaData, Table, select, text
+import orjson
+from sqlalchemy import select
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.dialects.sqlite.aiosqlite import SQLiteDialect_aiosqlite
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from gateway.ledger.db import DB_ERRORS
@@ -31,6 +35,7 @@ from gateway.ledger.prices import PriceVersion
 from gateway.ledger.rows import Row
 
 _COLS = ", ".join(ROW_COLUMNS)
+_SQLITE = SQLiteDialect_aiosqlite()
 _STAGE = (
     "CREATE TEMP TABLE IF NOT EXISTS ledger_stage ON COMMIT DELETE ROWS AS "
     f"SELECT {_COLS} FROM ledger WITH NO DATA"
@@ -39,20 +44,15 @@ _MERGE = (
     f"INSERT INTO ledger ({_COLS}) SELECT {_COLS} FROM ledger_stage "
     "ON CONFLICT (request_id) DO NOTHING RETURNING request_id"
 )
-_SQLITE_STAGE = text(
-    f"CREATE TEMP TABLE IF NOT EXISTS ledger_stage AS SELECT {_COLS} FROM ledger WHERE 0"
+_SQLITE_INSERT = (
+    f"INSERT INTO ledger ({_COLS}) VALUES ({', '.join('?' * len(ROW_COLUMNS))}) "
+    "ON CONFLICT (request_id) DO NOTHING"
 )
-_SQLITE_STAGE_ROWS = Table(
-    "ledger_stage",
-    MetaData(),
-    *(Column(c.name, c.type) for c in LedgerRow.__table__.columns if c.name in ROW_COLUMNS),
-)
-"""The staging table's columns, with the ledger's types, so values bind as they would there."""
-_SQLITE_MERGE = text(
-    f"INSERT INTO ledger ({_COLS}) SELECT {_COLS} FROM temp.ledger_stage WHERE true "
-    "ON CONFLICT (request_id) DO NOTHING RETURNING request_id"
-)
-_SQLITE_UNSTAGE = text("DELETE FROM temp.ledger_stage")
+_SQLITE_HELD = "SELECT request_id FROM ledger WHERE request_id IN (SELECT value FROM json_each(?))"
+_SQLITE_TS: Callable[[datetime], str] = LedgerRow.__table__.c.ts.type.dialect_impl(
+    _SQLITE
+).bind_processor(_SQLITE)  # type: ignore[assignment]
+"""ts as SQLAlchemy writes it on SQLite, so reports compare the text they expect."""
 
 
 class RowSink:
@@ -70,27 +70,33 @@ class RowSink:
         self._engine = engine
         self._conn: AsyncConnection | None = None
         self._pg: asyncpg.Connection | None = None
+        self._lite: aiosqlite.Connection | None = None
 
     async def insert(self, rows: Sequence[Row]) -> list[Row]:
         """Write a batch atomically; returns the rows that were new (as insert_rows)."""
         try:
             if self._conn is None:
                 self._conn = await self._engine.connect()
-                if self._conn.dialect.name == "postgresql":
-                    self._pg = await _driver(self._conn)
+                driver = (await self._conn.get_raw_connection()).driver_connection
+                if isinstance(driver, asyncpg.Connection):
+                    self._pg = driver
                     await self._pg.set_type_codec(
                         "timestamptz", schema="pg_catalog", encoder=_pg_time,
                         decoder=_from_pg_time, format="binary",
                     )  # fmt: skip
+                else:
+                    assert isinstance(driver, aiosqlite.Connection)
+                    self._lite = driver
             if self._pg is not None:
                 return _new_rows(rows, await _copy_rows(self._pg, rows))
-            return await _insert_sqlite(self._conn, rows)
+            assert self._lite is not None
+            return await _insert_sqlite(self._lite, rows)
         except BaseException:
             await self.aclose(broken=True)
             raise
 
     async def aclose(self, broken: bool = False) -> None:
-        conn, pg, self._conn, self._pg = self._conn, self._pg, None, None
+        conn, pg, self._conn, self._pg, self._lite = self._conn, self._pg, None, None, None
         if conn is None:
             return
         with contextlib.suppress(*DB_ERRORS):
@@ -131,13 +137,6 @@ def _new_rows(rows: Sequence[Row], new: set[str] | None) -> list[Row]:
     return [r for r in rows if r.request_id in new]
 
 
-async def _driver(conn: AsyncConnection) -> asyncpg.Connection:
-    raw = await conn.get_raw_connection()
-    pg = raw.driver_connection
-    assert isinstance(pg, asyncpg.Connection)
-    return pg
-
-
 async def _copy_rows(pg: asyncpg.Connection, rows: Sequence[Row]) -> set[str] | None:
     """COPY the batch; None when every row was new, else the request ids that were.
 
@@ -157,21 +156,29 @@ async def _copy_rows(pg: asyncpg.Connection, rows: Sequence[Row]) -> set[str] | 
         return {r[0] for r in await pg.fetch(_MERGE)}
 
 
-async def _insert_sqlite(conn: AsyncConnection, rows: Sequence[Row]) -> list[Row]:
-    """Stage the batch in a temp table (one executemany), then merge it into the ledger.
+async def _insert_sqlite(db: aiosqlite.Connection, rows: Sequence[Row]) -> list[Row]:
+    """One INSERT for the whole batch (executemany: the same statement whatever its size),
+    then the commit: two trips to the driver's thread, which runs the statement, the
+    rollup's row triggers and the commit without the GIL for most of it.
 
-    Every batch runs the same four statements whatever its size. A multi-row
-    ``INSERT ... RETURNING`` was a new statement for each batch size, and the sqlite3
-    module keeps the last 128 statements prepared: up to ~1,000 rows of 30 parameters
-    each, which grew a busy embedded gateway by ~300 MB before it levelled off.
+    ``ON CONFLICT (request_id) DO NOTHING`` skips a row the ledger already holds, and
+    the count inserted tells whether every row was new. When one was not (a replay after
+    a commit whose reply was lost), the batch is undone and written again in one
+    transaction that first reads which of its ids were in already: those rows are left
+    out of the result, so nothing downstream counts them twice.
     """
-    await conn.execute(_SQLITE_STAGE)
-    await conn.execute(_SQLITE_STAGE_ROWS.insert(), [r.values() for r in rows])
-    result = await conn.execute(_SQLITE_MERGE)
-    new = set(result.scalars().all())
-    await conn.execute(_SQLITE_UNSTAGE)
-    await conn.commit()
-    return _new_rows(rows, new)
+    params = [(r[0], _SQLITE_TS(datetime.fromtimestamp(r.ts, UTC)), *r[2:]) for r in rows]
+    inserted = await db.executemany(_SQLITE_INSERT, params)
+    if inserted.rowcount == len(rows):
+        await db.commit()
+        return list(rows)
+    await db.rollback()
+    await db.execute("BEGIN IMMEDIATE")  # no other writer between the read and the write
+    ids = orjson.dumps([r.request_id for r in rows]).decode()
+    held = {request_id for (request_id,) in await db.execute_fetchall(_SQLITE_HELD, (ids,))}
+    await db.executemany(_SQLITE_INSERT, params)
+    await db.commit()
+    return [r for r in rows if r.request_id not in held]
 
 
 async def load_prices(engine: AsyncEngine) -> list[PriceVersion]:

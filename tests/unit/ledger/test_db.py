@@ -31,6 +31,8 @@ def wrapped(orig: BaseException, kind: type[sqlalchemy.exc.DBAPIError]) -> BaseE
             sqlite3.IntegrityError("NOT NULL constraint failed"), sqlalchemy.exc.IntegrityError
         ),
         wrapped(sqlite3.DataError("string or blob too big"), sqlalchemy.exc.DataError),
+        sqlite3.IntegrityError("CHECK constraint failed"),  # raw, from the writer's driver
+        sqlite3.DataError("string or blob too big"),
     ],
 )
 def test_refused_for_content(exc: BaseException) -> None:
@@ -51,6 +53,8 @@ def test_refused_for_content(exc: BaseException) -> None:
         asyncpg.DiskFullError("could not extend file"),
         asyncpg.UndefinedColumnError("column does not exist"),  # a newer schema: wait
         wrapped(sqlite3.OperationalError("database is locked"), sqlalchemy.exc.OperationalError),
+        sqlite3.OperationalError("database is locked"),
+        sqlite3.OperationalError("disk I/O error"),
         TypeError("a bug"),
     ],
 )
