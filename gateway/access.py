@@ -50,7 +50,7 @@ class AccessLog:
     def write(self, call: Call) -> None:
         if self._fd is None:
             return
-        self._lines.append(orjson.dumps(self.fields(call), option=orjson.OPT_APPEND_NEWLINE))
+        self._lines.append(orjson.dumps(self._fields(call), option=orjson.OPT_APPEND_NEWLINE))
         if len(self._lines) == 1:
             asyncio.get_running_loop().call_soon(self.flush)
 
@@ -82,7 +82,7 @@ class AccessLog:
         while view:
             view = view[os.write(self._fd, view) :]
 
-    def fields(self, call: Call) -> dict[str, object]:
+    def _fields(self, call: Call) -> dict[str, object]:
         """The key's id, never the key; never the prompt."""
         u, cost = call.usage, call.cost
         return {
