@@ -169,7 +169,8 @@ async def _insert_sqlite(db: aiosqlite.Connection, rows: Sequence[Row]) -> list[
     transaction that first reads which of its ids were in already: those rows are left
     out of the result, so nothing downstream counts them twice.
     """
-    params = [(r[0], _SQLITE_TS(datetime.fromtimestamp(r.ts, UTC)), *r[2:]) for r in rows]
+    # A Row's fields are ROW_COLUMNS in order, ts second: only ts needs its column's form.
+    params = [(r.request_id, _SQLITE_TS(datetime.fromtimestamp(r.ts, UTC)), *r[2:]) for r in rows]
     inserted = await db.executemany(_SQLITE_INSERT, params)
     if inserted.rowcount == len(rows):
         await db.commit()
