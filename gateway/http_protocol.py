@@ -1,17 +1,18 @@
 """The HTTP server's protocol: uvicorn's httptools protocol, its writes coalesced, and a
-way for a streamed answer to write its pieces without an ASGI message each."""
+way for an answer to be written without ASGI's send: a whole one in one write, a streamed
+one's headers and then its pieces as they come."""
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, cast
 
 from starlette.types import Scope
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 CYCLE = "gateway.cycle"
 """The scope's extension (``{"cycle": ...}``, ASGI's shape) naming the server's own state
-for the call (``body_writer``)."""
+for the call (``send_whole``, ``start_chunked``)."""
 
 
 class CoalescingTransport:
@@ -64,7 +65,7 @@ class CoalescingTransport:
 
 class CoalescingHttpTools(HttpToolsProtocol):
     """uvicorn's httptools protocol over a :class:`CoalescingTransport`, each call's scope
-    naming its cycle (``body_writer``)."""
+    naming its cycle (``send_whole``, ``start_chunked``)."""
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(CoalescingTransport(transport, self.loop))  # type: ignore[arg-type]
@@ -79,8 +80,8 @@ class CoalescingHttpTools(HttpToolsProtocol):
 class BodyWriter:
     """Writes a streamed answer's pieces to the client's connection as HTTP/1.1 chunks, from
     wherever they come (the upstream connection's own callback), instead of as an awaited
-    ASGI message each. The response's start and end still go through ASGI's send, so the
-    server's account of the response (keep-alive, the next request) stays its own."""
+    ASGI message each. The response's end still goes through ASGI's send, so the server's
+    account of the response (keep-alive, the next request) stays its own."""
 
     __slots__ = ("_cycle", "_transport")
 
@@ -103,10 +104,62 @@ class BodyWriter:
         await self._cycle.flow.drain()
 
 
-def body_writer(scope: Scope) -> BodyWriter | None:
-    """A BodyWriter for a response whose start has been sent chunked, where the server is
-    ``gateway serve``'s (None under any other, whose writes only ASGI's send can make)."""
-    cycle = scope.get("extensions", {}).get(CYCLE, {}).get("cycle")
-    if cycle is None or not cycle.chunked_encoding or cycle.response_complete:
+def send_whole(scope: Scope, head: list[tuple[bytes, bytes]], body: bytes | memoryview) -> bool:
+    """Send a whole 200 answer (its headers, without content-length, and its body) as one
+    write, where the server is ``gateway serve``'s; False (nothing sent) under any other,
+    or to a client that reads too slowly to take more (ASGI's send waits for it)."""
+    cycle = writable(scope)
+    if cycle is None:
+        return False
+    content = status_and_headers(cycle, head)
+    content.append(b"content-length: %d\r\n\r\n" % len(body))
+    cycle.transport.write(b"".join((*content, body)))
+    cycle.response_complete = True
+    cycle.message_event.set()
+    if not cycle.keep_alive:
+        cycle.transport.close()
+    cycle.on_response()
+    return True
+
+
+def start_chunked(scope: Scope, head: list[tuple[bytes, bytes]]) -> BodyWriter | None:
+    """Send a 200 answer's headers for a body in chunks, and return the writer of its
+    pieces, where the server is ``gateway serve``'s; None (nothing sent) as send_whole.
+    The body's end goes through ASGI's send, which completes the server's account."""
+    cycle = writable(scope)
+    if cycle is None:
         return None
-    return BodyWriter(cycle, cycle.transport)
+    content = status_and_headers(cycle, head)
+    content.append(b"transfer-encoding: chunked\r\n\r\n")
+    cycle.chunked_encoding = True
+    cycle.expected_content_length = 0
+    cycle.transport.write(b"".join(content))
+    return BodyWriter(cycle, cast(CoalescingTransport, cycle.transport))  # the protocol's own
+
+
+def writable(scope: Scope) -> RequestResponseCycle | None:
+    """The server's state for the call, where the answer can be written without ASGI's
+    send: under ``gateway serve``, before anything of it is sent, to a client still there
+    and taking what it is sent.
+
+    ASGI's send makes every call pay for generality: an awaited message for the start and
+    one for the body, a regular-expression check of each header (these are the gateway's
+    own, and the backend's as its parser read them) and a pass over the headers for a
+    framing the gateway already knows."""
+    cycle: RequestResponseCycle | None = scope.get("extensions", {}).get(CYCLE, {}).get("cycle")
+    if cycle is None or cycle.response_started or cycle.disconnected or cycle.flow.write_paused:
+        return None
+    return cycle
+
+
+def status_and_headers(cycle: RequestResponseCycle, head: list[tuple[bytes, bytes]]) -> list[bytes]:
+    """A 200 answer's status line and headers, the server's own (``date``) first, without
+    the framing header or the blank line; the response is started from here on."""
+    cycle.response_started = True
+    cycle.waiting_for_100_continue = False
+    content = [b"HTTP/1.1 200 OK\r\n"]
+    for name, value in (*cycle.default_headers, *head):
+        content += (name, b": ", value, b"\r\n")
+    if not cycle.keep_alive:
+        content.append(b"connection: close\r\n")
+    return content

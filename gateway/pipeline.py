@@ -25,6 +25,7 @@ from gateway.answers import Answer, read_whole
 from gateway.backends import Backend
 from gateway.errors import GatewayError, InternalError, ShuttingDown
 from gateway.flow import Call, Endpoint, Usage
+from gateway.http_protocol import send_whole
 from gateway.services import Services
 from gateway.stages import auth, dispatch, forward, limits, parse, prefix, usage
 from gateway.stages.relay import StreamRelay
@@ -113,10 +114,16 @@ class Whole(Response):
         self.body = body
         self.status_code = 200
         self.background = None
-        self.raw_headers = [(b"content-length", b"%d" % len(body)), *encoded(JSON, headers)]
+        self.raw_headers = encoded(JSON, headers)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await then_end(super().__call__(scope, receive, send), partial(finish, self.call, self.svc))
+        await then_end(self._send(scope, receive, send), partial(finish, self.call, self.svc))
+
+    async def _send(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """In one write where the server allows it (``send_whole``), else by ASGI's send."""
+        if not send_whole(scope, self.raw_headers, self.body):
+            self.raw_headers.append((b"content-length", b"%d" % len(self.body)))
+            await super().__call__(scope, receive, send)
 
 
 async def then_end(sending: Awaitable[None], end: Callable[[], None]) -> None:

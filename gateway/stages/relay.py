@@ -24,7 +24,7 @@ from starlette.types import Message, Receive, Scope, Send
 from gateway.answers import Answer
 from gateway.errors import GatewayError
 from gateway.flow import Call
-from gateway.http_protocol import BodyWriter, body_writer
+from gateway.http_protocol import BodyWriter, start_chunked
 from gateway.stages.sse import EventScanner
 
 
@@ -57,9 +57,13 @@ class StreamRelay(Response):
         watcher = asyncio.create_task(self._watch(receive))
         complete = False
         try:
-            await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
-            writer = body_writer(scope)
-            await (self._relay(send) if writer is None else self._push(writer, send))
+            writer = start_chunked(scope, self.raw_headers)
+            if writer is None:
+                start = {"type": "http.response.start", "status": 200, "headers": self.raw_headers}
+                await send(start)
+                await self._relay(send)
+            else:
+                await self._push(writer, send)
             await send({"type": "http.response.body", "body": b"", "more_body": False})
             complete = not self.call.disconnected
         except OSError:
