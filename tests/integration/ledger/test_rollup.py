@@ -48,8 +48,9 @@ CellKey = tuple[datetime, str | None, str | None]
 
 def varied_call(i: int) -> Call:
     """Calls over five hours (and across midnight), two models, three backends and none,
-    every status class, streamed or not, durations on both sides of the counts' bounds."""
-    status = (200, 200, 200, 429, 502, 499)[i % 6]
+    every status class and its edges, streamed or not, durations on both sides of the
+    counts' bounds."""
+    status = (200, 200, 200, 429, 502, 499, 500, 399, 400)[i % 9]
     call = make_call(
         ("alpha", "beta")[i % 2],
         usage=Usage(prompt_tokens=100 + i, cached_tokens=i % 50, completion_tokens=i % 7),
