@@ -91,6 +91,9 @@ class PrefixKey:
     opening: int | None = None
     """Tokens of that opening; None: not known (taken as the whole prompt). A backend
     holding more of the prompt than its opening has seen this conversation before."""
+    tail: bytes = b""
+    """The prompt's tokens after its last full block (packed uint32, less than a block):
+    where its reply's continue it (stages.prefix's reply_key)."""
 
 
 @dataclass(slots=True)

@@ -18,7 +18,6 @@ import array
 import hashlib
 import sys
 from collections import OrderedDict
-from collections.abc import Sequence
 from typing import Any
 
 import orjson
@@ -61,9 +60,8 @@ class PrefixHasher:
         """Tokens of text, for estimating usage when a backend reports none."""
         return len(self.encoding(encoding).encode_ordinary(text))
 
-    def key(self, request: Request, encoding: str, known: Sequence[int] = ()) -> PrefixKey:
-        """The request's prompt as token count, chained block hashes and anchor hash;
-        ``known``: the hashes of blocks it is known to begin with (see block_hashes)."""
+    def key(self, request: Request, encoding: str) -> PrefixKey:
+        """The request's prompt as token count, chained block hashes and anchor hash."""
         if request.endpoint in CHATS:
             body = chat_body(request)
             parts = [self._text_tokens(encoding, text) for text in render_chat(body)]
@@ -73,33 +71,51 @@ class PrefixHasher:
             field = "input" if request.endpoint == "embeddings" else "prompt"
             buf = self._prompt_tokens(request.body.get(field), encoding)
             opening = len(buf)
+        hashes = block_hashes(buf, self._block, self._max_blocks)
         return PrefixKey(
             tokens=len(buf) // 4,
-            hashes=block_hashes(buf, self._block, self._max_blocks, known),
+            hashes=hashes,
             block_size=self._block,
             anchor=digest(memoryview(buf)[:opening]),
             opening=opening // 4,
+            tail=self._tail(buf, len(hashes)),
         )
 
     def reply_key(
-        self, request: Request, encoding: str, reply: str, prompt: PrefixKey | None = None
+        self, request: Request, encoding: str, reply: str, prompt: PrefixKey
     ) -> PrefixKey | None:
         """The chat prompt followed by the assistant's reply: the next turn's prefix.
 
         The backend keeps the reply's KV blocks too, and a client's next turn resends the
         reply as an assistant message; recording this key lets that turn match its whole
         history rather than only the previous prompt, which long replies make a small
-        share of it. None for other endpoints or an empty reply. ``prompt``, the
-        request's own key, saves hashing its blocks again: the reply's key begins with
-        them (the same messages rendered the same way, then the reply).
+        share of it. None for other endpoints or an empty reply.
+
+        Each message renders on its own, so the reply's key is the prompt's (``prompt``,
+        the request's own key) continued by the rendered reply: only the reply is
+        tokenized and only the blocks from the prompt's tail on are hashed, however long
+        the conversation. Its anchor and opening are the prompt's.
         """
         if request.endpoint not in CHATS or not reply:
             return None
-        body = chat_body(request)
-        messages = [*(body.get("messages") or []), {"role": "assistant", "content": reply}]
-        return self.key(Request(endpoint="chat", model=request.model,
-                                body={**body, "messages": messages}), encoding,
-                        prompt.hashes if prompt is not None else ())  # fmt: skip
+        said = self._text_tokens(encoding, render_message({"role": "assistant", "content": reply}))
+        buf = prompt.tail + said
+        parent = prompt.hashes[-1] if prompt.hashes else ROOT
+        more = block_hashes(buf, self._block, self._max_blocks - len(prompt.hashes), parent)
+        return PrefixKey(
+            tokens=prompt.tokens + len(said) // 4,
+            hashes=[*prompt.hashes, *more],
+            block_size=self._block,
+            anchor=prompt.anchor,
+            opening=prompt.opening,
+            tail=self._tail(buf, len(more)),
+        )
+
+    def _tail(self, buf: bytes, hashed: int) -> bytes:
+        """What of ``buf`` follows its ``hashed`` full blocks, where a continuation of it
+        could still be hashed (nothing once max_blocks cut it)."""
+        rest = buf[hashed * 4 * self._block :]
+        return rest if len(rest) < 4 * self._block else b""
 
     def _prompt_tokens(self, prompt: Any, encoding: str) -> bytes:
         """A completion prompt's tokens; for a list of prompts, the first one's."""
@@ -218,14 +234,15 @@ def render_chat(body: dict[str, Any]) -> list[str]:
     out = []
     if body.get("tools"):
         out.append("<|tools|>\n" + canonical(body["tools"]))
-    for msg in body.get("messages") or []:
-        if not isinstance(msg, dict):
-            continue
-        # Empty fields (an SDK's "refusal": null, "tool_calls": []) change no prompt.
-        extra = {k: v for k, v in msg.items() if k not in ("role", "content") and v}
-        header = f"<|{msg.get('role', '')}|>" + (canonical(extra) if extra else "")
-        out.append(f"{header}\n{render_content(msg.get('content'))}\n")
+    out += [render_message(msg) for msg in body.get("messages") or [] if isinstance(msg, dict)]
     return out
+
+
+def render_message(msg: dict[str, Any]) -> str:
+    # Empty fields (an SDK's "refusal": null, "tool_calls": []) change no prompt.
+    extra = {k: v for k, v in msg.items() if k not in ("role", "content") and v}
+    header = f"<|{msg.get('role', '')}|>" + (canonical(extra) if extra else "")
+    return f"{header}\n{render_content(msg.get('content'))}\n"
 
 
 def opening_messages(body: dict[str, Any]) -> int:
@@ -259,25 +276,21 @@ def canonical(value: Any) -> str:
     return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
 
 
-def block_hashes(
-    tokens: bytes, block_size: int, max_blocks: int, known: Sequence[int] = ()
-) -> list[int]:
-    """Chained 64-bit hashes of each full block of the packed uint32 token buffer; the
-    first blocks' are taken from ``known``, the caller's word that the buffer begins
-    with the blocks those hashes name.
+def block_hashes(tokens: bytes, block_size: int, max_blocks: int, parent: int = ROOT) -> list[int]:
+    """Chained 64-bit hashes of each full block of the packed uint32 token buffer, the
+    first chained to ``parent``: ROOT for a prompt's start, or the hash of the blocks
+    before the buffer for a continuation of them (``PrefixHasher.reply_key``).
 
-    XXH3 seeded with the parent's hash: a prompt of 1,000 tokens is hashed on every call
-    (twice, with the answer learned after), and XXH3 takes a fifth of BLAKE2b's time per
-    block here. The hashes only steer routing: a crafted collision (XXH3 is not
-    cryptographic) could make the index misplace a prefix and cost cache hits, never
-    change an answer or expose one, since each backend checks its own KV-cache hashes.
+    XXH3 seeded with the parent's hash: a prompt of 1,000 tokens is hashed on every call,
+    and XXH3 takes a fifth of BLAKE2b's time per block here. The hashes only steer
+    routing: a crafted collision (XXH3 is not cryptographic) could make the index
+    misplace a prefix and cost cache hits, never change an answer or expose one, since
+    each backend checks its own KV-cache hashes.
     """
     step = 4 * block_size
-    end = min(len(tokens) // step, max_blocks) * step
     view = memoryview(tokens)
-    out = list(known[: end // step])
-    parent = out[-1] if out else ROOT
-    for start in range(len(out) * step, end, step):
+    out = []
+    for start in range(0, min(len(tokens) // step, max_blocks) * step, step):
         parent = _xxh3(view[start : start + step], parent)
         out.append(parent)
     return out

@@ -205,9 +205,9 @@ def test_pieces_of_a_prefix_are_a_prefix_of_the_pieces() -> None:
 def test_reply_key_is_the_next_turns_prefix(hasher: PrefixHasher) -> None:
     turn = chat(("system", "Be brief."), ("user", "Explain tides to a child."))
     reply = "The moon pulls on the sea, so the water rises and falls. " * 12
-    after = hasher.reply_key(turn, ENC, reply)
-    assert after is not None
     now = hasher.key(turn, ENC)
+    after = hasher.reply_key(turn, ENC, reply, now)
+    assert after is not None
     assert after.hashes[: len(now.hashes)] == now.hashes
     assert after.anchor == now.anchor
     # A client resends the reply as an SDK message object, empty fields and all.
@@ -221,21 +221,39 @@ def test_reply_key_is_the_next_turns_prefix(hasher: PrefixHasher) -> None:
     later = hasher.key(Request(endpoint="chat", model="m", body={"messages": messages}), ENC)
     assert later.hashes[: len(after.hashes)] == after.hashes
     assert len(after.hashes) > 3 * len(now.hashes)
-    # Given the prompt's own key, its blocks are not hashed again: the same key.
-    assert hasher.reply_key(turn, ENC, reply, now) == after
-    assert hasher.reply_key(turn, ENC, "") is None
-    assert hasher.reply_key(completion("Once upon a time"), ENC, "there was") is None
+    assert hasher.reply_key(turn, ENC, "", now) is None
+    prose = completion("Once upon a time")
+    assert hasher.reply_key(prose, ENC, "there was", hasher.key(prose, ENC)) is None
 
 
-def test_block_hashes_take_the_known_leading_blocks_and_chain_on_from_them() -> None:
+@pytest.mark.parametrize("reply", ["ok", "Tides. " * 3, "The moon pulls on the sea. " * 40])
+@pytest.mark.parametrize("history", [0, 1, 7])
+def test_reply_key_equals_the_prompt_and_reply_hashed_whole(
+    hasher: PrefixHasher, reply: str, history: int
+) -> None:
+    """Continued from the prompt's tail, whatever part of a block the prompt ends in and
+    however many blocks the reply fills; cut at max_blocks as a whole prompt is."""
+    turns = [("system", "Be brief. " * 9)]
+    for i in range(history):
+        turns += [("user", f"Question {i} about tides?" * (i + 1)), ("assistant", "Because. " * i)]
+    turn = chat(*turns, ("user", "And why twice a day?"))
+    whole = chat(*turns, ("user", "And why twice a day?"), ("assistant", reply))
+    for max_blocks in (4096, 6):
+        h = PrefixHasher(PrefixSettings(max_blocks=max_blocks))
+        learned = h.reply_key(turn, ENC, reply, h.key(turn, ENC))
+        assert learned is not None
+        expected = h.key(whole, ENC)
+        assert (learned.hashes, learned.tokens) == (expected.hashes, expected.tokens)
+        assert len(learned.hashes) <= max_blocks
+
+
+def test_block_hashes_chain_on_from_the_parent_they_are_given() -> None:
     tokens = bytes(range(256)) * 3  # 12 blocks of 16 tokens (4 bytes each)
     whole = block_hashes(tokens, 16, 100)
     assert len(whole) == 12
-    assert block_hashes(tokens, 16, 100, whole[:5]) == whole
-    assert block_hashes(tokens, 16, 8, whole) == whole[:8]  # still at most max_blocks
-    told = block_hashes(tokens, 16, 100, [7, 8])  # trusted, not checked
-    assert told[:2] == [7, 8]
-    assert told[2:] != whole[2:]  # chained on from the hash it was told
+    assert block_hashes(tokens[5 * 64 :], 16, 100, whole[4]) == whole[5:]
+    assert block_hashes(tokens, 16, 8) == whole[:8]  # at most max_blocks
+    assert block_hashes(tokens[:100], 16, 100) == whole[:1]  # full blocks only
 
 
 def test_piece_cache_stays_within_its_byte_budget() -> None:
@@ -290,6 +308,6 @@ def test_a_responses_call_hashes_as_the_chat_call_with_its_conversation(
         *items, {"type": "message", "role": "assistant",
                  "content": [{"type": "output_text", "text": reply, "annotations": []}]},
         {"role": "user", "content": "And the cheapest?"}]})  # fmt: skip
-    learned = hasher.reply_key(responses, "cl100k_base", reply)
+    learned = hasher.reply_key(responses, "cl100k_base", reply, key)
     assert learned is not None
     assert hasher.key(turn2, "cl100k_base").hashes[: len(learned.hashes)] == learned.hashes
