@@ -256,7 +256,7 @@ ROLLUP = Table(
     _unique("ledger_rollup", "hour", "model", "backend"),
 )
 """The ledger added up per UTC hour, model and backend, kept by triggers on the ledger in
-the transaction that changes its rows (migration 0007): reports read whole hours here."""
+the transaction that changes its rows (migrations 0007, 0008): reports read whole hours here."""
 
 ROLLUP_DURATIONS = Table(
     "ledger_rollup_durations",

@@ -1,6 +1,6 @@
 """The hourly rollup's side of a report: whole hours from it, part hours from the rows.
 
-The ledger's triggers (migration 0007) keep ``ledger_rollup`` (counts and sums) and
+The ledger's triggers (migrations 0007, 0008) keep ``ledger_rollup`` (counts and sums) and
 ``ledger_rollup_durations`` (served calls per counted duration) per UTC hour, model and
 backend, in the transaction that writes the rows, so the rollup always says what the rows
 say. A report whose groupings are all among :data:`DIMENSIONS` reads the hours that lie
