@@ -123,9 +123,18 @@ async def serving(app: ASGIApp) -> AsyncIterator[int]:
         await task
 
 
-async def read_response(reader: asyncio.StreamReader) -> tuple[list[bytes], bytes]:
+async def read_head(reader: asyncio.StreamReader) -> list[bytes]:
+    """The status line and header lines of the next response."""
     head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
-    lines = head.split(b"\r\n")[:-2]
+    return head.split(b"\r\n")[:-2]
+
+
+def header_names(lines: list[bytes]) -> list[bytes]:
+    return [ln.partition(b": ")[0] for ln in lines[1:]]
+
+
+async def read_response(reader: asyncio.StreamReader) -> tuple[list[bytes], bytes]:
+    lines = await read_head(reader)
     length = next(
         int(v) for n, _, v in (ln.partition(b": ") for ln in lines) if n == b"content-length"
     )
@@ -142,7 +151,7 @@ async def test_a_whole_answer_has_the_servers_headers_and_lets_a_pipelined_call_
         for _ in range(2):
             lines, body = await read_response(reader)
             assert lines[0] == b"HTTP/1.1 200 OK"
-            names = [ln.partition(b": ")[0] for ln in lines[1:]]
+            names = header_names(lines)
             assert names == [b"date", b"content-type", b"x-gateway-backend", b"content-length"]
             assert body == BODY
         writer.close()
@@ -173,10 +182,9 @@ async def test_a_streamed_answers_head_and_pieces_go_out_and_its_end_completes_i
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         stream = POST.replace(b"/v1/chat/completions", b"/stream") % b""
         writer.write(stream + POST % b"")  # the second waits for the stream's end
-        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
-        lines = head.split(b"\r\n")[:-2]
+        lines = await read_head(reader)
         assert lines[0] == b"HTTP/1.1 200 OK"
-        names = [ln.partition(b": ")[0] for ln in lines[1:]]
+        names = header_names(lines)
         assert names == [b"date", b"content-type", b"x-gateway-backend", b"transfer-encoding"]
         body = await asyncio.wait_for(reader.readuntil(b"0\r\n\r\n"), 5)
         assert body == b"9\r\ndata: 1\n\n\r\n9\r\ndata: 2\n\n\r\n0\r\n\r\n"
