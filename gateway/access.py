@@ -84,7 +84,8 @@ class AccessLog:
 
     def _fields(self, call: Call) -> dict[str, object]:
         """The key's id, never the key; never the prompt."""
-        u, cost = call.usage, call.cost
+        u, cost, route = call.usage, call.cost, call.route
+        forecast = route.expected_ttft if route is not None else 0.0  # cache-aware's only
         return {
             "ts": self._timestamp(call.received_wall),
             "request_id": call.id,
@@ -93,8 +94,8 @@ class AccessLog:
             "team": call.principal.team if call.principal else None,
             "model": call.model,
             "endpoint": call.request.endpoint if call.request else None,
-            "backend": call.route.backend if call.route else None,
-            "decision": call.route.decision if call.route else None,
+            "backend": route.backend if route else None,
+            "decision": route.decision if route else None,
             "status": call.status,
             "error": call.error_type,
             "stream": call.request.stream if call.request else None,
@@ -103,6 +104,7 @@ class AccessLog:
             "completion_tokens": u.completion_tokens if u else None,
             "estimated": u.estimated if u else None,
             "ttft_ms": round(call.ttft * 1000, 2) if call.ttft is not None else None,
+            "ttft_forecast_ms": round(forecast * 1000, 2) if forecast > 0 else None,
             "latency_ms": round(call.latency * 1000, 2) if call.latency is not None else None,
             "overhead_ms": round(call.overhead * 1000, 3) if call.overhead is not None else None,
             "cost_usd": format(to_usd(cost.total), "f") if cost else None,

@@ -23,7 +23,9 @@ def finished_call(stream: bool) -> Call:
     )
     call.principal = Principal(key_id="key-7", team="search")
     call.request = Request(endpoint="chat", model="m", body={"messages": []}, stream=stream)
-    call.route = Route(backend="b1", decision="hit", predicted_cached_tokens=32)
+    call.route = Route(
+        backend="b1", decision="hit", predicted_cached_tokens=32, expected_ttft=0.04125
+    )
     call.dispatched_at = call.received_at + 0.002
     call.first_byte_at = call.received_at + 0.05
     call.done_at = call.received_at + 0.25
@@ -61,11 +63,26 @@ async def test_access_log_is_one_json_line_without_the_key(out: tuple[AccessLog,
         9,
     )
     assert entry["ttft_ms"] == pytest.approx(50, abs=0.01)
+    assert entry["ttft_forecast_ms"] == 41.25  # what routing expected, beside what came
     assert entry["latency_ms"] == pytest.approx(250, abs=0.01)
     assert entry["overhead_ms"] == 2.1
     assert entry["cost_usd"] == "0.0001234000"
     wall = datetime.fromtimestamp(call.received_wall, UTC)
     assert entry["ts"] == wall.isoformat(timespec="milliseconds") == "2025-12-06T05:46:40.123+00:00"
+
+
+async def test_a_call_routing_made_no_forecast_for_has_none(out: tuple[AccessLog, Path]) -> None:
+    """Round robin and least loaded forecast nothing; a call refused before routing has
+    no route at all."""
+    log, path = out
+    unforecast, refused = finished_call(stream=False), finished_call(stream=False)
+    unforecast.route = Route(backend="b1", decision="none")
+    refused.route, refused.status = None, 429
+    log.write(unforecast)
+    log.write(refused)
+    await asyncio.sleep(0)
+    lines = [orjson.loads(line) for line in path.read_bytes().splitlines()]
+    assert [(e["backend"], e["ttft_forecast_ms"]) for e in lines] == [("b1", None), (None, None)]
 
 
 async def test_timestamps_follow_the_clock_across_seconds(out: tuple[AccessLog, Path]) -> None:
