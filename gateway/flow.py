@@ -93,7 +93,7 @@ class PrefixKey:
     holding more of the prompt than its opening has seen this conversation before."""
     tail: bytes = b""
     """The prompt's tokens after its last full block (packed uint32, less than a block):
-    where its reply's continue it (stages.prefix's reply_key)."""
+    what the reply's tokens continue when its key is hashed (stages.prefix's reply_key)."""
 
 
 @dataclass(slots=True)

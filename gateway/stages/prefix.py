@@ -239,6 +239,8 @@ def render_chat(body: dict[str, Any]) -> list[str]:
 
 
 def render_message(msg: dict[str, Any]) -> str:
+    """One message as the prompt renders it. Each renders on its own, so a reply's
+    rendering continues its prompt's tokens (``PrefixHasher.reply_key``)."""
     # Empty fields (an SDK's "refusal": null, "tool_calls": []) change no prompt.
     extra = {k: v for k, v in msg.items() if k not in ("role", "content") and v}
     header = f"<|{msg.get('role', '')}|>" + (canonical(extra) if extra else "")
